@@ -1,0 +1,110 @@
+"""The engine's configuration: one frozen dataclass, validated once, passed down."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+PREEMPTION_MODES = ("recompute",)
+DEVICES = ("cpu", "cuda")
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+
+
+class ConfigError(ValueError):
+    """A bad configuration value. The message names the key, the value and what is accepted."""
+
+
+def parse_bytes(value: int | float | str, key: str = "kv_cache_memory") -> int:
+    """`1073741824`, `"1GiB"`, `"512MiB"`, `"2GB"` -> bytes."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise ConfigError(f"{key}={value!r} is not a size; use bytes or e.g. '512MiB', '2GiB'")
+        n = int(float(m.group(1)) * _UNITS[unit])
+    if n <= 0:
+        raise ConfigError(f"{key}={value!r} must be positive")
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything `LLM(...)` and `schedlab run` accept, with vLLM's names where vLLM has one.
+
+    Plugin names are looked up in the registry; `*_options` are passed to the plugin's
+    constructor as keyword arguments.
+    """
+
+    model: str
+    scheduler: str = "continuous"
+    kv_allocator: str = "paged"
+    prefix_cache: str = "none"
+    attention: str = "sdpa"
+    queue: str = "fcfs"
+    executor: str = "torch"
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | str | None = None
+    gpu_memory_utilization: float = 0.9
+    long_prefill_threshold: int = 0
+    preemption_mode: str = "recompute"
+    swap_space: int | str = "1GiB"
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    scheduler_options: dict[str, Any] = field(default_factory=dict)
+    queue_options: dict[str, Any] = field(default_factory=dict)
+    kv_allocator_options: dict[str, Any] = field(default_factory=dict)
+    prefix_cache_options: dict[str, Any] = field(default_factory=dict)
+    attention_options: dict[str, Any] = field(default_factory=dict)
+    executor_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def positive(key: str, allow_none: bool = False) -> None:
+            v = getattr(self, key)
+            if v is None and allow_none:
+                return
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"{key}={v!r} must be a positive integer")
+
+        positive("block_size")
+        positive("max_num_seqs")
+        positive("max_num_batched_tokens", allow_none=True)
+        positive("max_model_len", allow_none=True)
+        positive("num_kv_blocks", allow_none=True)
+        if self.kv_cache_memory is not None:
+            parse_bytes(self.kv_cache_memory)
+        if self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size={self.block_size} must be a power of two (1, 2, 4, ... 256)")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ConfigError(
+                f"preemption_mode={self.preemption_mode!r}; accepted: {', '.join(PREEMPTION_MODES)}"
+            )
+        if self.device.split(":")[0] not in DEVICES:
+            raise ConfigError(f"device={self.device!r}; accepted: cpu, cuda, cuda:N")
+        if not isinstance(self.long_prefill_threshold, int) or self.long_prefill_threshold < 0:
+            raise ConfigError(
+                f"long_prefill_threshold={self.long_prefill_threshold!r} must be an integer >= 0"
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1]"
+            )
+        from schedlab.model import resolve_dtype
+
+        try:
+            resolve_dtype(self.dtype)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,257 @@
+"""The engine: builds the plugins from a config and runs schedule -> execute -> update."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+
+from schedlab import registry
+from schedlab.config import ConfigError, EngineConfig, parse_bytes
+from schedlab.executor import Executor
+from schedlab.kv_manager import KVCacheManager
+from schedlab.request import Request, RequestStatus, SamplingParams
+from schedlab.scheduler import Scheduler, SchedulerConfig
+from schedlab.stats import StepStats
+
+#: KV pool used when neither num_kv_blocks nor kv_cache_memory is set (and not on a GPU)
+DEFAULT_KV_MEMORY = 1 << 30
+
+
+def _build(kind: str, cls: type, options: dict, *args):
+    try:
+        return cls(*args, **options)
+    except TypeError as e:
+        raise ConfigError(f"{kind}_options {sorted(options)} not accepted by {cls.__name__}: {e}") from None
+
+
+class Engine:
+    """One model, one scheduler composed with an allocator, a prefix cache and a queue.
+
+    Args:
+        config: the engine config; plugins are looked up by name in the registry.
+
+    Raises:
+        ConfigError: a value is out of range, or a combination of plugins cannot work.
+        registry.PluginError: an unknown plugin name (the message lists the installed ones).
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = cfg = config
+        classes = {kind: registry.load(kind, getattr(cfg, kind)) for kind in registry.GROUPS}
+        sched_cls, alloc_cls, pc_cls = (classes["scheduler"], classes["kv_allocator"],
+                                        classes["prefix_cache"])
+        if pc_cls.requires_sharing and not alloc_cls.supports_sharing:
+            raise ConfigError(
+                f"prefix_cache={cfg.prefix_cache!r} cannot work with kv_allocator="
+                f"{cfg.kv_allocator!r}: a prefix cache shares blocks between requests and "
+                f"{cfg.kv_allocator!r} gives each request a private region; use kv_allocator=paged"
+            )
+        self.executor: Executor = _build("executor", classes["executor"], cfg.executor_options, cfg)
+        spec = self.executor.model_spec
+        self.model_spec = spec
+        max_len = cfg.max_model_len or spec.max_position_embeddings
+        if max_len > spec.max_position_embeddings:
+            raise ConfigError(
+                f"max_model_len={max_len} exceeds the model's max_position_embeddings="
+                f"{spec.max_position_embeddings}"
+            )
+        budget = cfg.max_num_batched_tokens
+        if budget is None:
+            budget = 2048 if sched_cls.chunks_prefill else max(2048, max_len)
+        if not sched_cls.chunks_prefill and budget < max_len:
+            raise ConfigError(
+                f"max_num_batched_tokens={budget} is smaller than max_model_len={max_len}: "
+                f"scheduler {cfg.scheduler!r} runs a prompt in one step, so a long one could "
+                "never run; raise max_num_batched_tokens, lower max_model_len, or use "
+                "scheduler=chunked_prefill"
+            )
+        self.max_model_len = max_len
+        self.max_num_batched_tokens = budget
+
+        self.kv_spec = self.executor.kv_cache_spec(cfg.block_size)
+        self.num_kv_blocks = self._size_kv_pool(max_len)
+        self.executor.initialize_cache(self.num_kv_blocks, cfg.block_size)
+        allocator = _build("kv_allocator", alloc_cls, cfg.kv_allocator_options,
+                           self.num_kv_blocks, cfg.block_size, max_len)
+        prefix_cache = _build("prefix_cache", pc_cls, cfg.prefix_cache_options, cfg.block_size)
+        queue = _build("queue", classes["queue"], cfg.queue_options)
+        self.kv = KVCacheManager(allocator, prefix_cache)
+        sched_cfg = SchedulerConfig(
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=budget,
+            max_model_len=max_len,
+            long_prefill_threshold=cfg.long_prefill_threshold,
+            preemption_mode=cfg.preemption_mode,
+        )
+        self.scheduler: Scheduler = _build("scheduler", sched_cls, cfg.scheduler_options,
+                                           sched_cfg, self.kv, queue)
+        self.clock = self.executor.clock
+        self.requests: dict[str, Request] = {}
+        self.step_stats: list[StepStats] = []
+        self.step_callbacks: list[Callable[[StepStats], None]] = []
+        self._ids = itertools.count()
+        self._num_steps = 0
+
+    def _size_kv_pool(self, max_len: int) -> int:
+        cfg = self.config
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
+        if cfg.kv_cache_memory is not None:
+            memory = parse_bytes(cfg.kv_cache_memory)
+        else:
+            memory = self.executor.available_kv_memory()
+            if memory is None:
+                # enough for every seat at full length, capped at DEFAULT_KV_MEMORY
+                need = self.kv_spec.bytes_for(max_len, cfg.max_num_seqs) + self.kv_spec.bytes_per_block
+                memory = min(DEFAULT_KV_MEMORY, need)
+        n = self.kv_spec.num_blocks_for(memory)
+        if n <= 0:
+            raise ConfigError(
+                f"kv_cache_memory={memory} bytes holds no block: one block of {cfg.block_size} "
+                f"tokens takes {self.kv_spec.bytes_per_block} bytes for this model"
+            )
+        return n
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        expected_output_len: int | None = None,
+    ) -> Request:
+        """Submit a request. A request that can never run comes back REJECTED with a reason.
+
+        Returns:
+            The request (queued, or rejected with `reject_reason` set).
+        """
+        sp = sampling_params or SamplingParams()
+        rid = request_id if request_id is not None else str(next(self._ids))
+        if rid in self.requests:
+            raise ValueError(f"request_id {rid!r} is already in use")
+        now = self.clock.now()
+        req = Request(
+            request_id=rid,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling_params=sp,
+            arrival_time=now if arrival_time is None else arrival_time,
+            priority=priority,
+            expected_output_len=expected_output_len,
+            eos_token_id=self.model_spec.eos_token_ids[0] if self.model_spec.eos_token_ids else None,
+        )
+        self.requests[rid] = req
+        reason = self._why_invalid(req)
+        if reason is not None:
+            req.status = RequestStatus.REJECTED
+            req.finish_reason = RequestStatus.REJECTED.value
+            req.reject_reason = reason
+            req.metrics.finished_time = now
+        else:
+            self.scheduler.add_request(req)
+        return req
+
+    def _why_invalid(self, req: Request) -> str | None:
+        n = req.num_prompt_tokens
+        if n == 0:
+            return "empty prompt: a request needs at least one prompt token"
+        vocab = self.model_spec.vocab_size
+        bad = next((t for t in req.prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            return f"prompt token id {bad} is outside the vocabulary [0, {vocab})"
+        if n > self.max_model_len:
+            return f"prompt has {n} tokens, more than max_model_len={self.max_model_len}"
+        total = req.max_total_tokens
+        if total > self.max_model_len:
+            return (f"prompt ({n} tokens) + max_tokens ({req.sampling_params.max_tokens}) = "
+                    f"{total} exceeds max_model_len={self.max_model_len}")
+        alloc = self.kv.allocator
+        need = alloc.blocks_needed(req, total)
+        if need > alloc.num_blocks:
+            return (f"needs {need} KV blocks of {alloc.block_size} tokens but the whole pool has "
+                    f"{alloc.num_blocks}")
+        return None
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests[request_id]
+        if not req.is_finished:
+            self.scheduler.abort(req, self.clock.now())
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the loop ------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """Run one step: schedule, execute, update.
+
+        Returns:
+            The requests that received a token in this step (finished ones included).
+        """
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            self._unstick()
+            return []
+        now = self.clock.now()
+        for sr in plan.scheduled:
+            if sr.request.metrics.first_scheduled_time is None:
+                sr.request.metrics.first_scheduled_time = now
+        fw = time.perf_counter() - t0
+        result = self.executor.execute(plan)
+        t1 = time.perf_counter()
+        now = self.clock.now()
+        self.scheduler.update_from_output(plan, result.sampled_token_ids, now)
+        fw += time.perf_counter() - t1
+        self._record(plan, result.step_time, now, fw)
+        return [sr.request for sr, tok in zip(plan.scheduled, result.sampled_token_ids)
+                if tok is not None]
+
+    def _unstick(self) -> None:
+        # NOTE: with validated requests an empty plan means nothing is queued; should a policy
+        # ever stall with work left, its head request is rejected rather than left waiting.
+        s = self.scheduler
+        if not s.running and s.waiting:
+            req = s.waiting.pop()
+            req.status = RequestStatus.REJECTED
+            req.finish_reason = RequestStatus.REJECTED.value
+            req.reject_reason = (f"scheduler {self.config.scheduler!r} could not schedule it "
+                                 "with the KV pool and token budget it has")
+            req.metrics.finished_time = self.clock.now()
+
+    def _record(self, plan, step_time: float, now: float, fw: float) -> None:
+        u = self.kv.usage()
+        self._num_steps += 1
+        st = StepStats(
+            step=self._num_steps,
+            time=now,
+            step_time=step_time,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_scheduled_tokens=plan.num_batched_tokens,
+            num_prefill_tokens=plan.num_prefill_tokens,
+            num_decode_tokens=plan.num_decode_tokens,
+            num_scheduled_seqs=len(plan.scheduled),
+            num_preempted=len(plan.preempted),
+            kv_used_blocks=u.used_blocks,
+            kv_free_blocks=u.free_blocks,
+            kv_cached_blocks=u.cached_blocks,
+            kv_reserved_tokens=u.reserved_tokens,
+            kv_used_tokens=u.used_tokens,
+            framework_time=fw,
+        )
+        self.step_stats.append(st)
+        for cb in self.step_callbacks:
+            cb(st)
+
+    def run_until_done(self, check: bool = False) -> None:
+        """Step until every submitted request has finished. `check` runs `check_integrity()`
+        after every step (tests)."""
+        while self.has_unfinished():
+            self.step()
+            if check:
+                self.check_integrity()
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()

@@ -1,0 +1,93 @@
+"""The executor interface: the only place that turns a plan into tokens and a duration."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from schedlab.attention import KVCacheSpec
+from schedlab.model import ModelSpec
+from schedlab.scheduler import SchedulerOutput
+
+
+@dataclass(slots=True)
+class ExecutorOutput:
+    """What one step produced: a token (or None for a partial prefill) per scheduled request,
+    in plan order, and how long the step took on the executor's clock (seconds)."""
+
+    sampled_token_ids: list[int | None]
+    step_time: float
+
+
+class Clock(ABC):
+    """Engine time in seconds since the engine started."""
+
+    @abstractmethod
+    def now(self) -> float: ...
+
+    @abstractmethod
+    def sleep_until(self, t: float) -> None:
+        """Wait until `t` (online driving: nothing to run before the next arrival)."""
+
+
+class WallClock(Clock):
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def sleep_until(self, t: float) -> None:
+        dt = t - self.now()
+        if dt > 0:
+            time.sleep(dt)
+
+
+class VirtualClock(Clock):
+    """Simulated time: advances only when told to."""
+
+    def __init__(self) -> None:
+        self._t = 0.0
+
+    def now(self) -> float:
+        return self._t
+
+    def advance(self, dt: float) -> None:
+        self._t += dt
+
+    def sleep_until(self, t: float) -> None:
+        self._t = max(self._t, t)
+
+
+class Executor(ABC):
+    """Runs the plans the scheduler makes.
+
+    Built by the engine with the engine config and the model's spec; `initialize_cache` is
+    called once the engine has sized the KV pool.
+    """
+
+    clock: Clock
+    #: the served model's shape (the torch executor reads it from the checkpoint)
+    model_spec: ModelSpec
+
+    @abstractmethod
+    def kv_cache_spec(self, block_size: int) -> KVCacheSpec:
+        """The model's KV footprint (for sizing the pool). No state change."""
+
+    @abstractmethod
+    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+        """Allocate the KV cache for `num_blocks` blocks. Changes state."""
+
+    @abstractmethod
+    def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
+        """Run one step of the plan: forward pass (or its cost model) and sampling.
+
+        Returns:
+            One sampled token per scheduled request that completes its prefill, None for the
+            others, and the step's duration.
+        """
+
+    def available_kv_memory(self) -> int | None:
+        """Bytes the KV cache may use when the user gave no size (None: engine default)."""
+        return None

@@ -1,0 +1,75 @@
+"""The prefix-cache interface: reuse of computed KV blocks across requests."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+
+class PrefixMatch(NamedTuple):
+    """The longest cached prefix of a token sequence, in whole blocks."""
+
+    block_ids: list[int]
+    num_tokens: int
+
+
+class PrefixCache(ABC):
+    """Maps token prefixes (whole blocks) to the blocks holding their K/V.
+
+    The allocator counts references; the cache remembers which blocks hold which tokens,
+    keeps unreferenced ones after their requests finish, and gives them up (evicts) only
+    when the pool needs them.
+
+    Args:
+        block_size: token slots per block (the unit of caching).
+    """
+
+    #: whether the cache needs an allocator that shares blocks (`KVAllocator.supports_sharing`)
+    requires_sharing: bool = True
+    #: False only for the `none` cache: the engine then skips prefix bookkeeping entirely
+    caches: bool = True
+
+    def __init__(self, block_size: int, **options: object) -> None:
+        if options:
+            raise TypeError(f"{type(self).__name__} takes no options, got {sorted(options)}")
+        self.block_size = block_size
+
+    @abstractmethod
+    def match(self, token_ids: Sequence[int]) -> PrefixMatch:
+        """Find the longest cached prefix made of whole blocks. Marks the hit recently used.
+
+        Returns:
+            The blocks, in order, and how many tokens they hold (a multiple of block_size).
+        """
+
+    @abstractmethod
+    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
+        """Record that `block_ids[i]` holds tokens `token_ids[i*bs:(i+1)*bs]`. Changes state.
+
+        Only whole blocks are passed. Blocks already cached for the same tokens are kept as
+        they are (the new duplicate is not cached).
+
+        Returns:
+            The number of blocks newly cached.
+        """
+
+    @abstractmethod
+    def evict(self, num_blocks: int, is_unused: Callable[[int], bool]) -> list[int]:
+        """Forget up to `num_blocks` cached blocks that no request holds, least recently used
+        first. Changes state.
+
+        Returns:
+            The evicted blocks, which the caller returns to the free pool.
+        """
+
+    @abstractmethod
+    def is_cached(self, block_id: int) -> bool:
+        """Whether the cache holds this block. No state change."""
+
+    @abstractmethod
+    def num_cached_blocks(self) -> int:
+        """Blocks the cache holds (referenced or not). No state change."""
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if the cache's internal structures disagree."""

@@ -1,0 +1,174 @@
+"""Requests, sampling parameters and the outputs handed back to users (vLLM-shaped)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to sample one request's output (vLLM's names and defaults).
+
+    Args:
+        temperature: 0 means greedy; higher flattens the distribution.
+        top_p: nucleus sampling mass in (0, 1].
+        top_k: keep the k most likely tokens; 0 or -1 disables it.
+        max_tokens: the most output tokens to generate (>= 1).
+        seed: per-request seed; `None` draws from the engine's generator.
+        ignore_eos: keep generating past EOS (exact output lengths for benchmarks).
+        stop_token_ids: further token ids that end the request.
+
+    Raises:
+        ValueError: a field is out of range; the message names it.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 16
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (disabled) or positive, got {self.top_k!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    REJECTED = "rejected"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {
+    RequestStatus.FINISHED_STOPPED,
+    RequestStatus.FINISHED_LENGTH,
+    RequestStatus.FINISHED_ABORTED,
+    RequestStatus.REJECTED,
+}
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """Timestamps of one request, in seconds on the engine's clock.
+
+    `token_times[i]` is when output token i was produced; `first_token_time` equals
+    `token_times[0]`. Latencies follow vLLM: TTFT = first_token_time - arrival_time.
+    """
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finished_time: float | None = None
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request inside the engine. Mutated only by the scheduler.
+
+    `num_computed_tokens` counts tokens whose K/V is in the cache; the tokens still to run
+    are `all_token_ids[num_computed_tokens:]`.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = 0.0
+    priority: int = 0
+    expected_output_len: int | None = None
+    eos_token_id: int | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    finish_reason: str | None = None
+    reject_reason: str | None = None
+    metrics: RequestMetrics = field(init=False)
+    #: the per-request sampling generator (seeded requests), created by the sampler
+    generator: object | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """Token ids in [start, stop) of prompt + output, without building the whole list."""
+        p = len(self.prompt_token_ids)
+        if stop <= p:
+            return self.prompt_token_ids[start:stop]
+        if start >= p:
+            return self.output_token_ids[start - p : stop - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: stop - p]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Prompt plus the most output tokens this request may produce."""
+        return self.num_prompt_tokens + self.sampling_params.max_tokens
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One generated sequence (vLLM's `CompletionOutput`)."""
+
+    index: int
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str | None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What a user gets back for one prompt (vLLM's `RequestOutput`).
+
+    `finish_reason` is "stop", "length", "abort" or "rejected"; a rejected request carries
+    its reason in `reject_reason` and no tokens.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    reject_reason: str | None = None

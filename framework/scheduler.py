@@ -1,0 +1,284 @@
+"""The scheduler interface and the mechanism every policy shares.
+
+A policy plugin implements `schedule()`: which requests run this step and how many tokens each.
+The token budget bookkeeping, KV admission, preemption and the stop checks after a step live
+here, once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from schedlab.kv_manager import KVCacheManager
+from schedlab.queue import RequestQueue
+from schedlab.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits every scheduler respects.
+
+    Args:
+        max_num_seqs: the most requests running at once.
+        max_num_batched_tokens: the most tokens in one step (prefill + decode).
+        max_model_len: the longest sequence, prompt plus output.
+        long_prefill_threshold: chunk size cap for one prefill in one step (0: the budget).
+        preemption_mode: "recompute" (free KV, recompute later) or "swap" (copy to host).
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 2048
+    long_prefill_threshold: int = 0
+    preemption_mode: str = "recompute"
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step: tokens [start, start + num_new_tokens) run."""
+
+    request: Request
+    num_new_tokens: int
+    start: int
+    block_ids: list[int]
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step ends with a sampled token for the request (prefill complete)."""
+        return self.start + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """The plan of one step. The only thing that crosses from scheduler to executor."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    num_batched_tokens: int = 0
+    #: swap preemption: (device block, host slot) pairs to copy out before the step
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    #: swap preemption: (host slot, device block) pairs to copy in before the step
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if not _is_decode(s))
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if _is_decode(s))
+
+
+def _is_decode(s: ScheduledRequest) -> bool:
+    return s.num_new_tokens == 1 and s.start >= s.request.num_prompt_tokens
+
+
+class Scheduler(ABC):
+    """Decides each step's plan under `max_num_seqs` and `max_num_batched_tokens`.
+
+    Composed at construction with a KV manager (allocator + prefix cache) and an ordering
+    policy; it never knows which ones.
+
+    Args:
+        config: the limits.
+        kv: allocation, freeing and prefix reuse.
+        queue: the waiting requests in policy order.
+    """
+
+    #: whether a prompt may be split over steps (the engine then allows prompts over the budget)
+    chunks_prefill: bool = False
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, queue: RequestQueue) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting = queue
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ---- the policy ----------------------------------------------------------------------
+    @abstractmethod
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step: admit, continue and preempt requests. Changes state.
+
+        Returns:
+            The plan; empty when nothing can run.
+        """
+
+    # ---- the shared mechanism ------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a validated request. Changes state."""
+        request.status = RequestStatus.WAITING
+        self.waiting.add(request)
+
+    def update_from_output(
+        self, output: SchedulerOutput, sampled: Sequence[int | None], now: float
+    ) -> list[Request]:
+        """Apply a finished step: advance computed tokens, append sampled tokens, stop checks.
+
+        Args:
+            output: the plan that ran.
+            sampled: one entry per `output.scheduled`: the new token, or None (partial prefill).
+            now: the step's end time on the engine clock.
+
+        Returns:
+            The requests that finished in this step (their KV already freed).
+        """
+        finished: list[Request] = []
+        max_len = self.config.max_model_len
+        for sr, token in zip(output.scheduled, sampled, strict=True):
+            req = sr.request
+            req.num_computed_tokens = sr.start + sr.num_new_tokens
+            self.kv.cache_computed(req)
+            if token is None:
+                continue
+            req.output_token_ids.append(token)
+            m = req.metrics
+            m.token_times.append(now)
+            if m.first_token_time is None:
+                m.first_token_time = now
+            sp = req.sampling_params
+            if not sp.ignore_eos and token == req.eos_token_id:
+                self._finish(req, RequestStatus.FINISHED_STOPPED, now)
+            elif token in sp.stop_token_ids:
+                self._finish(req, RequestStatus.FINISHED_STOPPED, now)
+            elif req.num_output_tokens >= sp.max_tokens or req.num_tokens >= max_len:
+                self._finish(req, RequestStatus.FINISHED_LENGTH, now)
+            else:
+                continue
+            finished.append(req)
+        if finished:
+            done = {id(r) for r in finished}
+            self.running = [r for r in self.running if id(r) not in done]
+        return finished
+
+    def _finish(self, req: Request, status: RequestStatus, now: float) -> None:
+        req.status = status
+        req.finish_reason = status.value
+        req.metrics.finished_time = now
+        self.kv.free(req)
+
+    def abort(self, request: Request, now: float) -> None:
+        """Stop a request wherever it is and free its KV. Changes state."""
+        if request in self.running:
+            self.running.remove(request)
+            self.kv.free(request)
+        elif any(r is request for r in self.waiting):
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED_ABORTED
+        request.finish_reason = RequestStatus.FINISHED_ABORTED.value
+        request.metrics.finished_time = now
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    # ---- helpers for policies ------------------------------------------------------------
+    def num_tokens_to_run(self, remaining: int, budget: int) -> int:
+        """How many of a request's `remaining` tokens fit this step (0: none).
+
+        Without chunking a prefill runs whole or waits; with it, a prefill is cut to the budget
+        and to `long_prefill_threshold`.
+        """
+        if self.chunks_prefill:
+            cap = self.config.long_prefill_threshold or budget
+            return max(0, min(remaining, budget, cap))
+        return remaining if remaining <= budget else 0
+
+    def schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Continue running requests in order, preempting by policy when KV runs out.
+
+        Victims come from the running requests not yet scheduled this step. Returns the budget
+        left.
+        """
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self.num_tokens_to_run(req.num_tokens - req.num_computed_tokens, budget)
+            if n == 0:
+                i += 1
+                continue
+            candidates = self.running[i:]
+            if not self.ensure_kv(req, req.num_computed_tokens + n, candidates, out):
+                continue  # req itself was preempted; self.running[i] is now the next one
+            out.scheduled.append(self._plan(req, n, req.num_computed_tokens))
+            budget -= n
+            i += 1
+        return budget
+
+    def admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit queued requests in policy order while seats, budget and KV allow.
+
+        Stops at the first request that does not fit (no skipping ahead: the policy's order is
+        kept). Returns the budget left.
+        """
+        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+            req = self.waiting.peek()
+            prefix = self.kv.match_prefix(req)
+            start = prefix.num_tokens if prefix.block_ids else req.num_computed_tokens
+            n = self.num_tokens_to_run(req.num_tokens - start, budget)
+            if n == 0 or not self.kv.can_allocate(req, start + n, prefix):
+                break
+            self.waiting.pop()
+            if req.metrics.first_scheduled_time is None:
+                self.kv.record_lookup(req, prefix)
+            self.kv.allocate(req, start + n, prefix)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append(self._plan(req, n, start))
+            budget -= n
+        return budget
+
+    def _plan(self, req: Request, n: int, start: int) -> ScheduledRequest:
+        return ScheduledRequest(req, n, start, self.kv.allocator.block_table(req))
+
+    def preempt(self, request: Request) -> None:
+        """Take a running request off the device: free its KV and queue it again. Changes state.
+
+        Recompute mode: its prompt and the outputs so far are prefilled again when it is
+        re-admitted, so its output is unchanged.
+        """
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(request)
+
+    def ensure_kv(
+        self, request: Request, num_tokens: int, candidates: list[Request], out: SchedulerOutput
+    ) -> bool:
+        """Make room for `request` to hold `num_tokens`, preempting `candidates` by policy.
+
+        `candidates` (requests not yet scheduled this step, `request` among them) shrinks in
+        place. Returns False if `request` itself had to be preempted.
+        """
+        while not self.kv.can_allocate(request, num_tokens):
+            victim = self.waiting.select_victim(candidates)
+            candidates.remove(victim)
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is request:
+                return False
+        self.kv.allocate(request, num_tokens)
+        return True
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if requests, queue and KV disagree."""
+        self.waiting.check_integrity()
+        self.kv.check_integrity()
+        assert len(self.running) <= self.config.max_num_seqs, "more running than max_num_seqs"
+        ids = {id(r) for r in self.running}
+        assert len(ids) == len(self.running), "a request runs twice"
+        for r in self.running:
+            assert r.status is RequestStatus.RUNNING, f"{r.request_id} running with {r.status}"
+            held = len(self.kv.allocator.block_table(r)) * self.kv.block_size
+            assert held >= r.num_computed_tokens, f"{r.request_id} computed more than it holds"
+        for r in self.waiting:
+            assert id(r) not in ids, f"{r.request_id} both waiting and running"
+            assert not self.kv.allocator.block_table(r), f"waiting {r.request_id} holds KV"

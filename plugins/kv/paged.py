@@ -1,0 +1,125 @@
+"""Paged KV allocation (vLLM's PagedAttention): fixed-size blocks from a free pool."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from schedlab.kv import KVAllocator, KVUsage
+from schedlab.request import Request
+
+
+class PagedKVAllocator(KVAllocator):
+    """Blocks are handed out one at a time as a request grows; any free block will do.
+
+    Waste is bounded by one partly filled block per request. Blocks carry reference counts
+    so a prefix cache can share them between requests.
+    """
+
+    supports_sharing = True
+
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
+        super().__init__(num_blocks, block_size, max_model_len)
+        self._free: deque[int] = deque(range(num_blocks))
+        self._is_free = [True] * num_blocks
+        self._refs = [0] * num_blocks
+        self._tables: dict[str, list[int]] = {}
+        self._tokens: dict[str, int] = {}  # request id -> tokens its table was grown for
+        self._num_used = 0  # blocks with a reference
+
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def blocks_needed(self, request: Request, num_tokens: int) -> int:
+        have = len(self._tables.get(request.request_id, ()))
+        return max(0, self.blocks_for(num_tokens) - have)
+
+    def can_allocate(self, request: Request, num_tokens: int, num_extra_free: int = 0) -> bool:
+        return self.blocks_needed(request, num_tokens) <= len(self._free) + num_extra_free
+
+    def allocate(self, request: Request, num_tokens: int) -> list[int]:
+        need = self.blocks_needed(request, num_tokens)
+        if need > len(self._free):
+            raise RuntimeError(f"need {need} blocks, {len(self._free)} free")
+        table = self._tables.setdefault(request.request_id, [])
+        new = [self._free.popleft() for _ in range(need)]
+        for b in new:
+            self._is_free[b] = False
+            self._refs[b] = 1
+        self._num_used += need
+        table.extend(new)
+        self._tokens[request.request_id] = max(self._tokens.get(request.request_id, 0), num_tokens)
+        return new
+
+    def share(self, request: Request, block_ids: Sequence[int]) -> None:
+        table = self._tables.setdefault(request.request_id, [])
+        assert not table, "share() starts a table; this request already holds blocks"
+        for b in block_ids:
+            assert not self._is_free[b], f"cannot share free block {b}"
+            if self._refs[b] == 0:
+                self._num_used += 1
+            self._refs[b] += 1
+        table.extend(block_ids)
+        self._tokens[request.request_id] = len(block_ids) * self.block_size
+
+    def take(self, block_ids: Sequence[int]) -> None:
+        for b in block_ids:
+            assert self._is_free[b], f"block {b} is not free"
+            self._free.remove(b)
+            self._is_free[b] = False
+
+    def free(self, request: Request) -> list[int]:
+        table = self._tables.pop(request.request_id, [])
+        self._tokens.pop(request.request_id, None)
+        orphaned = []
+        # Freed in reverse so a request's tail blocks are evicted/reused first.
+        for b in reversed(table):
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                self._num_used -= 1
+                orphaned.append(b)
+        return orphaned
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        for b in block_ids:
+            assert self._refs[b] == 0 and not self._is_free[b], f"block {b} cannot be released"
+            self._is_free[b] = True
+            self._free.append(b)
+
+    def ref_count(self, block_id: int) -> int:
+        return self._refs[block_id]
+
+    def is_free(self, block_id: int) -> bool:
+        return self._is_free[block_id]
+
+    def block_table(self, request: Request) -> list[int]:
+        return self._tables.get(request.request_id, [])
+
+    def usage(self) -> KVUsage:
+        reserved = 0
+        used = 0
+        for rid, table in self._tables.items():
+            reserved += len(table) * self.block_size
+            used += min(self._tokens[rid], len(table) * self.block_size)
+        return KVUsage(
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            used_blocks=self._num_used,
+            free_blocks=len(self._free),
+            cached_blocks=self.num_blocks - len(self._free) - self._num_used,
+            reserved_tokens=reserved,
+            used_tokens=used,
+        )
+
+    def check_integrity(self) -> None:
+        assert len(set(self._free)) == len(self._free), "a block is in the free pool twice"
+        refs = [0] * self.num_blocks
+        for table in self._tables.values():
+            for b in table:
+                refs[b] += 1
+        assert refs == self._refs, "reference counts disagree with the block tables"
+        free = set(self._free)
+        for b in range(self.num_blocks):
+            assert self._is_free[b] == (b in free), f"block {b} free flag is stale"
+            assert not (self._is_free[b] and refs[b]), f"block {b} is free and held"
+        assert self._num_used == sum(1 for r in refs if r), "used-block count is stale"

@@ -1,0 +1,40 @@
+"""First come, first served."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from schedlab.queue import RequestQueue
+from schedlab.request import Request
+
+
+class FCFSQueue(RequestQueue):
+    """Arrival order; a preempted request goes back to the front."""
+
+    def __init__(self, **options: object) -> None:
+        super().__init__(**options)
+        self._q: deque[Request] = deque()
+
+    def add(self, request: Request) -> None:
+        self._q.append(request)
+
+    def pop(self) -> Request:
+        return self._q.popleft()
+
+    def peek(self) -> Request:
+        if not self._q:
+            raise IndexError("peek from an empty queue")
+        return self._q[0]
+
+    def prepend(self, request: Request) -> None:
+        self._q.appendleft(request)
+
+    def remove(self, request: Request) -> None:
+        self._q.remove(request)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._q)
