@@ -79,10 +79,11 @@ class AttentionBackend(ABC):
         self.block_size = spec.block_size
         self.device = torch.device(device)
         shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-        # NOTE: allocated uninitialised; every slot is written before it is read.
-        self.k_caches = [torch.empty(shape, dtype=spec.dtype, device=self.device)
+        # NOTE: zero-filled, not empty: padded reads past a context's end are masked out, but
+        # a NaN left in uninitialised memory would still poison the weighted sum (0 * NaN).
+        self.k_caches = [torch.zeros(shape, dtype=spec.dtype, device=self.device)
                          for _ in range(spec.num_layers)]
-        self.v_caches = [torch.empty(shape, dtype=spec.dtype, device=self.device)
+        self.v_caches = [torch.zeros(shape, dtype=spec.dtype, device=self.device)
                          for _ in range(spec.num_layers)]
 
     @classmethod

@@ -1,0 +1,73 @@
+"""The vLLM-shaped offline API: outputs, metrics, sampling, streaming."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedlab import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(llama_dir):
+    return LLM(llama_dir, max_model_len=128, block_size=8)
+
+
+def test_outputs_in_order_with_metrics(llm):
+    prompts = [[5, 6, 7], list(range(2, 40)), [9] * 10]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))
+    assert [o.prompt_token_ids for o in outs] == prompts
+    for o in outs:
+        c = o.outputs[0]
+        assert len(c.token_ids) == 7 and c.finish_reason == "length" and o.finished
+        m = o.metrics
+        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+        assert len(m.token_times) == 7 and m.token_times == sorted(m.token_times)
+        assert isinstance(c.text, str)
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(llm):
+    sp = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=12, seed=1234,
+                        ignore_eos=True)
+    alone = llm.generate([[5, 6, 7]], sp)[0].outputs[0].token_ids
+    batch = llm.generate([[11, 12], [5, 6, 7], list(range(2, 30))], sp)
+    assert batch[1].outputs[0].token_ids == alone
+    unseeded = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([[5, 6, 7]] * 4, unseeded)
+    assert len({tuple(o.outputs[0].token_ids) for o in outs}) > 1, "sampling never varies"
+
+
+def test_top_k_one_is_greedy(llm):
+    greedy = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=10))[0]
+    top1 = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.8, top_k=1, max_tokens=10))[0]
+    assert top1.outputs[0].token_ids == greedy.outputs[0].token_ids
+
+
+def test_stop_on_eos_and_stop_tokens(llm):
+    base = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=10,
+                                                    ignore_eos=True))[0].outputs[0].token_ids
+    stop_at = base[3]
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=10,
+                                                   stop_token_ids=[stop_at]))[0].outputs[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids == base[: base.index(stop_at) + 1]
+
+
+def test_stream_yields_tokens_as_produced(llm):
+    prompts = [[5, 6, 7], [8, 9]]
+    events = list(llm.stream(prompts, SamplingParams(temperature=0, max_tokens=5,
+                                                     ignore_eos=True)))
+    final = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    by_id: dict[str, list[list[int]]] = {}
+    for e in events:
+        by_id.setdefault(e.request_id, []).append(list(e.outputs[0].token_ids))
+    assert len(by_id) == 2
+    for seq, fin in zip(by_id.values(), final):
+        assert [len(s) for s in seq] == [1, 2, 3, 4, 5]  # one event per new token
+        assert seq[-1] == fin.outputs[0].token_ids
+
+
+def test_request_exactly_at_max_model_len_runs(llama_dir):
+    llm = LLM(llama_dir, max_model_len=24, block_size=8)
+    out = llm.generate([list(range(2, 20))], SamplingParams(temperature=0, max_tokens=6,
+                                                            ignore_eos=True))[0]
+    assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 6

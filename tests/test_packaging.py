@@ -1,0 +1,69 @@
+"""The distribution installs one import name; plugins are discovered without importing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from schedlab import registry
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    # run outside the repository so the checkout's folders are not on sys.path
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+
+
+def test_public_api_imports():
+    r = _run("from schedlab import LLM, SamplingParams; print(LLM.__name__, SamplingParams().max_tokens)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["LLM", "16"]
+
+
+def test_no_top_level_folder_modules():
+    code = (
+        "import importlib.util as u\n"
+        "print([m for m in ('framework', 'plugins') if u.find_spec(m)])\n"
+        "import schedlab.kernels, schedlab.plugins\n"
+        "print(schedlab.kernels.__name__, schedlab.plugins.__name__)\n"
+    )
+    r = _run(code)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "[]"
+    assert lines[1] == "schedlab.kernels schedlab.plugins"
+
+
+def test_kernels_name_is_not_ours_at_top_level():
+    # Hugging Face's `kernels` package, which transformers probes for, must not find our folder
+    r = _run("import importlib.util as u, schedlab; s = u.find_spec('kernels');"
+             "print(s is None or 'schedlab' not in (s.origin or ''))")
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+def test_discovery_does_not_import_plugins():
+    code = (
+        "import sys\n"
+        "from schedlab import registry\n"
+        "names = {k: registry.available(k) for k in registry.GROUPS}\n"
+        "print(sorted(m for m in sys.modules if m.startswith('schedlab.plugins.')))\n"
+        "print(names['scheduler'])\n"
+    )
+    r = _run(code)
+    assert r.returncode == 0, r.stderr
+    loaded, scheds = r.stdout.splitlines()
+    assert loaded == "[]"
+    assert "continuous" in scheds and "static" in scheds
+
+
+def test_builtins_are_entry_points():
+    for kind, names in {
+        "scheduler": ["static", "continuous"],
+        "queue": ["fcfs"],
+        "kv_allocator": ["paged", "contiguous"],
+        "prefix_cache": ["none"],
+        "attention": ["sdpa"],
+        "executor": ["torch"],
+    }.items():
+        assert set(names) <= set(registry.available(kind))
+        for n in names:
+            assert registry.load(kind, n).__module__.startswith("schedlab.plugins.")
