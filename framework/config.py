@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-PREEMPTION_MODES = ("recompute",)
+PREEMPTION_MODES = ("recompute", "swap")
 DEVICES = ("cpu", "cuda")
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
@@ -82,6 +82,7 @@ class EngineConfig:
         positive("num_kv_blocks", allow_none=True)
         if self.kv_cache_memory is not None:
             parse_bytes(self.kv_cache_memory)
+        parse_bytes(self.swap_space, "swap_space")
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size={self.block_size} must be a power of two (1, 2, 4, ... 256)")
         if self.preemption_mode not in PREEMPTION_MODES:

@@ -76,7 +76,8 @@ class Engine:
                            self.num_kv_blocks, cfg.block_size, max_len)
         prefix_cache = _build("prefix_cache", pc_cls, cfg.prefix_cache_options, cfg.block_size)
         queue = _build("queue", classes["queue"], cfg.queue_options)
-        self.kv = KVCacheManager(allocator, prefix_cache)
+        self.num_swap_blocks = self._size_swap_pool()
+        self.kv = KVCacheManager(allocator, prefix_cache, self.num_swap_blocks)
         sched_cfg = SchedulerConfig(
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=budget,
@@ -112,6 +113,12 @@ class Engine:
                 f"tokens takes {self.kv_spec.bytes_per_block} bytes for this model"
             )
         return n
+
+    def _size_swap_pool(self) -> int:
+        """Host blocks for swap preemption: swap_space over one block's bytes (0: recompute)."""
+        if self.config.preemption_mode != "swap":
+            return 0
+        return parse_bytes(self.config.swap_space, "swap_space") // self.kv_spec.bytes_per_block
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(

@@ -1,4 +1,4 @@
-"""KV admission mechanism: an allocator and a prefix cache composed behind one narrow API.
+"""KV admission mechanism: an allocator, a prefix cache and a host swap pool behind one API.
 
 Schedulers talk to this class only; they never know which allocator or cache they got.
 """
@@ -18,15 +18,25 @@ class KVCacheManager:
     NOTE: every block is in exactly one state: free (in the allocator's pool), in use
     (referenced by at least one live request) or cached (held only by the prefix cache,
     evictable). free + in use + cached = the pool, checked by `check_integrity`.
+
+    Swap preemption: `num_swap_blocks` host slots hold the KV of swapped-out requests. A slot
+    pair list ((device block, host slot) out, (host slot, device block) in) goes into the
+    step's plan and the executor copies; 0 slots (recompute mode) means nothing is ever swapped.
     """
 
-    def __init__(self, allocator: KVAllocator, prefix_cache: PrefixCache | None) -> None:
+    def __init__(
+        self, allocator: KVAllocator, prefix_cache: PrefixCache | None, num_swap_blocks: int = 0
+    ) -> None:
         self.allocator = allocator
-        self.prefix_cache = prefix_cache if prefix_cache is not None and prefix_cache.caches else None
+        caches = prefix_cache is not None and prefix_cache.caches
+        self.prefix_cache = prefix_cache if caches else None
         self.block_size = allocator.block_size
         self._num_inserted: dict[str, int] = {}  # request id -> blocks already offered to the cache
         self.num_prefix_hit_tokens = 0
         self.num_prefix_query_tokens = 0
+        self.num_swap_blocks = num_swap_blocks
+        self._free_host: list[int] = list(range(num_swap_blocks - 1, -1, -1))  # pop() -> slot 0
+        self._swapped: dict[str, list[int]] = {}  # request id -> host slots, in position order
 
     # ---- queries (no state change) -------------------------------------------------------
     def num_evictable_blocks(self) -> int:
@@ -51,7 +61,9 @@ class KVCacheManager:
             m = PrefixMatch(m.block_ids[:max_blocks], max_blocks * self.block_size)
         return m
 
-    def can_allocate(self, request: Request, num_tokens: int, prefix: PrefixMatch = _NO_MATCH) -> bool:
+    def can_allocate(
+        self, request: Request, num_tokens: int, prefix: PrefixMatch = _NO_MATCH
+    ) -> bool:
         """Whether the request's KV can grow to `num_tokens` tokens (after sharing `prefix`)."""
         evictable = self.num_evictable_blocks() if self.prefix_cache is not None else 0
         if not prefix.block_ids:
@@ -75,7 +87,8 @@ class KVCacheManager:
             request.metrics.num_cached_tokens += prefix.num_tokens
             self._num_inserted[request.request_id] = len(prefix.block_ids)
         if self.prefix_cache is not None:
-            short = self.allocator.blocks_needed(request, num_tokens) - self.allocator.num_free_blocks()
+            need = self.allocator.blocks_needed(request, num_tokens)
+            short = need - self.allocator.num_free_blocks()
             if short > 0:
                 evicted = self.prefix_cache.evict(short, self._is_unused)
                 self.allocator.release(evicted)
@@ -100,12 +113,58 @@ class KVCacheManager:
         self._num_inserted[request.request_id] = num_full
 
     def free(self, request: Request) -> None:
-        """Release the request's KV; blocks the prefix cache holds stay cached. Changes state."""
+        """Release the request's KV (device and host); blocks the prefix cache holds stay
+        cached. Changes state."""
+        self._free_device(request)
+        self._free_host.extend(self._swapped.pop(request.request_id, ()))
+
+    def _free_device(self, request: Request) -> None:
         self._num_inserted.pop(request.request_id, None)
+        if self.prefix_cache is not None and self.allocator.block_table(request):
+            # NOTE: LRU counts from a block's last use, as vLLM's free queue does: the request's
+            # cached prefix was in use until now, so a match marks it recently used.
+            self.prefix_cache.match(request.token_slice(0, request.num_computed_tokens))
         orphaned = self.allocator.free(request)
         if self.prefix_cache is not None:
             orphaned = [b for b in orphaned if not self.prefix_cache.is_cached(b)]
         self.allocator.release(orphaned)
+
+    # ---- swap preemption -----------------------------------------------------------------
+    def is_swapped(self, request: Request) -> bool:
+        """Whether the request's KV waits in host slots. No state change."""
+        return request.request_id in self._swapped
+
+    def num_free_host_blocks(self) -> int:
+        return len(self._free_host)
+
+    def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
+        """Move the request's computed KV to host slots and free its device KV. Changes state.
+
+        Returns:
+            (device block, host slot) pairs for the executor to copy before the step runs, or
+            None, changing nothing, when the host pool cannot hold it (the caller recomputes).
+        """
+        n = self.allocator.blocks_for(request.num_computed_tokens)
+        if n == 0 or n > len(self._free_host):
+            return None
+        table = self.allocator.block_table(request)[:n]
+        slots = [self._free_host.pop() for _ in range(n)]
+        self._swapped[request.request_id] = slots
+        self._free_device(request)
+        return list(zip(table, slots, strict=True))
+
+    def swap_in(self, request: Request) -> list[tuple[int, int]]:
+        """Hand a re-admitted request's host slots back (call after `allocate`). Changes state.
+
+        Returns:
+            (host slot, device block) pairs for the executor to copy before the step runs;
+            empty for a request that was not swapped out.
+        """
+        slots = self._swapped.pop(request.request_id, [])
+        table = self.allocator.block_table(request)
+        assert len(table) >= len(slots), "allocate the device blocks before swapping in"
+        self._free_host.extend(slots)
+        return list(zip(slots, table[: len(slots)], strict=True))
 
     def _is_unused(self, block_id: int) -> bool:
         return self.allocator.ref_count(block_id) == 0
@@ -128,8 +187,17 @@ class KVCacheManager:
         if self.prefix_cache is None:
             assert cached == 0, f"{cached} blocks neither free nor used without a prefix cache"
         else:
-            self.prefix_cache.check_integrity()
-            assert cached <= self.prefix_cache.num_cached_blocks(), (
-                f"{cached} orphaned blocks but the prefix cache holds only "
-                f"{self.prefix_cache.num_cached_blocks()}"
-            )
+            pc = self.prefix_cache
+            pc.check_integrity()
+            num_cached = 0
+            for b in range(u.num_blocks):
+                if pc.is_cached(b):
+                    num_cached += 1
+                    assert not self.allocator.is_free(b), f"cached block {b} is in the free pool"
+                elif not self.allocator.is_free(b):
+                    assert self.allocator.ref_count(b) > 0, f"block {b} leaked: unheld, uncached"
+            assert num_cached == pc.num_cached_blocks(), "prefix cache miscounts its blocks"
+        held = [s for slots in self._swapped.values() for s in slots]
+        assert len(set(held)) == len(held), "a host slot is held twice"
+        assert not set(held) & set(self._free_host), "a host slot is both free and held"
+        assert len(held) + len(self._free_host) == self.num_swap_blocks, "host slots leaked"

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from schedlab.request import Request
+
+if TYPE_CHECKING:
+    from schedlab.kv_manager import KVCacheManager
 
 
 class RequestQueue(ABC):
@@ -19,6 +23,14 @@ class RequestQueue(ABC):
     def __init__(self, **options: object) -> None:
         if options:
             raise TypeError(f"{type(self).__name__} takes no options, got {sorted(options)}")
+
+    def bind(self, kv: KVCacheManager) -> None:  # noqa: B027 (an optional hook)
+        """Give the policy read access to the KV manager (the scheduler calls this once, when
+        it is built). Changes state.
+
+        A cache-aware policy (longest prefix match) keeps `kv` and may call
+        `kv.match_prefix(request)`; the default ignores it.
+        """
 
     @abstractmethod
     def add(self, request: Request) -> None:
@@ -42,7 +54,8 @@ class RequestQueue(ABC):
 
     @abstractmethod
     def prepend(self, request: Request) -> None:
-        """Put back a request that was taken out (a preempted one) so it goes early. Changes state."""
+        """Put back a request that was taken out (a preempted one) so it goes early.
+        Changes state."""
 
     @abstractmethod
     def remove(self, request: Request) -> None:

@@ -25,7 +25,9 @@ class SchedulerConfig:
         max_num_batched_tokens: the most tokens in one step (prefill + decode).
         max_model_len: the longest sequence, prompt plus output.
         long_prefill_threshold: chunk size cap for one prefill in one step (0: the budget).
-        preemption_mode: "recompute" (free KV, recompute later) or "swap" (copy to host).
+        preemption_mode: "recompute" (free KV, recompute later) or "swap" (copy to host). The
+            mechanism follows the KV manager's host pool (`num_swap_blocks`, 0 in recompute
+            mode); this field records the choice.
     """
 
     max_num_seqs: int = 256
@@ -100,6 +102,9 @@ class Scheduler(ABC):
         self.waiting = queue
         self.running: list[Request] = []
         self.num_preemptions = 0
+        #: preemptions that swapped the victim's KV to host memory (the rest recompute)
+        self.num_swaps = 0
+        queue.bind(kv)
 
     # ---- the policy ----------------------------------------------------------------------
     @abstractmethod
@@ -170,6 +175,7 @@ class Scheduler(ABC):
             self.kv.free(request)
         elif any(r is request for r in self.waiting):
             self.waiting.remove(request)
+            self.kv.free(request)  # a swapped-out request holds host slots
         request.status = RequestStatus.FINISHED_ABORTED
         request.finish_reason = RequestStatus.FINISHED_ABORTED.value
         request.metrics.finished_time = now
@@ -227,6 +233,7 @@ class Scheduler(ABC):
             if req.metrics.first_scheduled_time is None:
                 self.kv.record_lookup(req, prefix)
             self.kv.allocate(req, start + n, prefix)
+            out.swap_in.extend(self.kv.swap_in(req))
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append(self._plan(req, n, start))
@@ -236,15 +243,22 @@ class Scheduler(ABC):
     def _plan(self, req: Request, n: int, start: int) -> ScheduledRequest:
         return ScheduledRequest(req, n, start, self.kv.allocator.block_table(req))
 
-    def preempt(self, request: Request) -> None:
+    def preempt(self, request: Request, out: SchedulerOutput | None = None) -> None:
         """Take a running request off the device: free its KV and queue it again. Changes state.
 
-        Recompute mode: its prompt and the outputs so far are prefilled again when it is
-        re-admitted, so its output is unchanged.
+        Swap: when the KV manager's host pool holds its blocks (and `out` is given, to carry
+        the copies), its KV goes to host memory and comes back on re-admission. Otherwise
+        (recompute): its prompt and the outputs so far are prefilled again when it is
+        re-admitted. Either way its output is unchanged.
         """
         self.running.remove(request)
-        self.kv.free(request)
-        request.num_computed_tokens = 0
+        pairs = self.kv.swap_out(request) if out is not None else None
+        if pairs is None:
+            self.kv.free(request)
+            request.num_computed_tokens = 0
+        else:
+            out.swap_out.extend(pairs)
+            self.num_swaps += 1
         request.status = RequestStatus.PREEMPTED
         request.metrics.num_preemptions += 1
         self.num_preemptions += 1
@@ -261,7 +275,7 @@ class Scheduler(ABC):
         while not self.kv.can_allocate(request, num_tokens):
             victim = self.waiting.select_victim(candidates)
             candidates.remove(victim)
-            self.preempt(victim)
+            self.preempt(victim, out)
             out.preempted.append(victim)
             if victim is request:
                 return False
@@ -282,3 +296,5 @@ class Scheduler(ABC):
         for r in self.waiting:
             assert id(r) not in ids, f"{r.request_id} both waiting and running"
             assert not self.kv.allocator.block_table(r), f"waiting {r.request_id} holds KV"
+            assert r.num_computed_tokens == 0 or self.kv.is_swapped(r), (
+                f"waiting {r.request_id} keeps computed tokens but its KV is not swapped out")

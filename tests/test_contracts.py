@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from fakes import FakeExecutor
 
 from schedlab import registry
 from schedlab.attention import AttentionMetadata, KVCacheSpec
@@ -17,8 +18,6 @@ from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.kv_manager import KVCacheManager
 from schedlab.request import Request, RequestStatus, SamplingParams
-
-from fakes import FakeExecutor
 
 
 def plugins(kind: str) -> list[str]:

@@ -35,7 +35,7 @@ def make_paged_case(
     tables = torch.zeros(len(seq_lens), max(per_seq), dtype=torch.int32)
     used = torch.zeros(num_blocks * block_size, dtype=torch.bool)
     nxt = 0
-    for i, (n, nb) in enumerate(zip(seq_lens, per_seq)):
+    for i, (n, nb) in enumerate(zip(seq_lens, per_seq, strict=True)):
         tables[i, :nb] = perm[nxt:nxt + nb].to(torch.int32)
         nxt += nb
         for p in range(n):

@@ -1,0 +1,236 @@
+"""`schedlab calibrate`: time the real executor over a grid of step shapes, fit the cost model.
+
+The real `TorchExecutor` runs a small random-weight model (float32 on the CPU) over prefill
+chunks, decode batches and context lengths; the median time of each shape is fitted by least
+squares (the efficiency factors and the overheads of `HardwareProfile`), and the profile is
+written as JSON for `executor=sim` (`hardware=<path>`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from schedlab.costfit import PARAMS, FitResult, fit_profile
+from schedlab.costmodel import StepShape
+from schedlab.executor import Clock
+from schedlab.hardware import probe_cpu
+
+#: (query lengths, cached tokens before them), one entry per sequence
+Shape = tuple[tuple[int, ...], tuple[int, ...]]
+
+class CPUTimeClock(Clock):
+    """Engine time that runs only while this thread computes; waits for arrivals jump.
+
+    With torch on one thread every forward runs on the calling thread, so this clock measures
+    the real executor without the time other processes take from a shared machine.
+    """
+
+    def __init__(self) -> None:
+        self._t0 = time.thread_time()
+        self._skipped = 0.0
+
+    def now(self) -> float:
+        return time.thread_time() - self._t0 + self._skipped
+
+    def sleep_until(self, t: float) -> None:
+        dt = t - self.now()
+        if dt > 0:
+            self._skipped += dt
+
+
+#: how a measurement reads time: "wall" (what a user sees) or "cpu" (this thread's CPU time)
+TIMERS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def use_clock(engine, clock: str) -> None:
+    """Put a real engine on `clock` ("wall" keeps its own; "cpu": a `CPUTimeClock`)."""
+    if clock == "cpu":
+        engine.clock = engine.executor.clock = CPUTimeClock()
+    elif clock != "wall":
+        raise ValueError(f"clock={clock!r}; accepted: wall, cpu")
+
+
+def default_grid(max_len: int = 1024) -> list[Shape]:
+    """Prefill chunks (fresh and after context), decode batches over contexts, mixed steps."""
+    grid: list[Shape] = []
+    for n in (8, 32, 128, 256, 512):
+        grid.append(((n,), (0,)))
+    for n, ctx in ((64, 256), (128, 512), (256, 512)):
+        grid.append(((n,), (ctx,)))
+    grid.append(((64, 64, 64, 64), (0, 0, 0, 0)))
+    grid.append(((256,) * 4, (0,) * 4))
+    grid.append(((512, 384, 256, 128, 64, 32), (0,) * 6))
+    for b in (1, 4, 16, 48):
+        for ctx in (64, 256, 768):
+            grid.append(((1,) * b, (ctx,) * b))
+    grid.append(((1,) * 16 + (128,), (256,) * 16 + (0,)))
+    grid.append(((1,) * 8 + (64, 64), (128,) * 8 + (0, 256)))
+    return [(q, s) for q, s in grid if max(a + b for a, b in zip(q, s, strict=True)) <= max_len]
+
+
+def shape_of(entry: Shape) -> StepShape:
+    return StepShape.from_lens(entry[0], entry[1])
+
+
+def measure_torch(model_dir: str, grid: Sequence[Shape], repeats: int = 5,
+                  block_size: int = 16, clock: str = "wall") -> list[float]:
+    """Median time of `TorchExecutor.execute` for each grid entry (float32, CPU)."""
+    import torch
+
+    from schedlab.config import EngineConfig
+    from schedlab.plugins.executors.torch_executor import TorchExecutor
+    from schedlab.request import Request, SamplingParams
+    from schedlab.scheduler import ScheduledRequest, SchedulerOutput
+
+    cfg = EngineConfig(model=str(model_dir), dtype="float32", device="cpu",
+                       block_size=block_size)
+    ex = TorchExecutor(cfg)
+    need = max(sum(-(-(q + s) // block_size) for q, s in zip(*e, strict=True)) for e in grid)
+    ex.initialize_cache(need + 1, block_size)
+    for k in ex.backend.k_caches + ex.backend.v_caches:
+        k.zero_()  # NOTE: uninitialised memory may hold denormals, which are slow on CPUs
+    sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    gen = torch.Generator().manual_seed(0)
+    vocab = ex.model_spec.vocab_size
+    plans = []
+    for qs, ss in grid:
+        plan = SchedulerOutput()
+        block = 0
+        for i, (q, s) in enumerate(zip(qs, ss, strict=True)):
+            toks = torch.randint(0, vocab, (q + s,), generator=gen).tolist()
+            req = Request(f"c{i}", toks, sp)
+            nb = -(-(q + s) // block_size)
+            plan.scheduled.append(ScheduledRequest(req, q, s, list(range(block, block + nb))))
+            block += nb
+        plan.num_batched_tokens = sum(qs)
+        ex.execute(plan)  # warm-up
+        plans.append(plan)
+    # NOTE: repeats sweep the whole grid in turn, so a burst of load from other processes
+    # spreads over shapes instead of spoiling every repeat of one.
+    runs: list[list[float]] = [[] for _ in plans]
+    timer = TIMERS[clock]
+    for _ in range(repeats):
+        for plan, out in zip(plans, runs, strict=True):
+            t0 = timer()
+            ex.execute(plan)
+            out.append(timer() - t0)
+    return [statistics.median(r) for r in runs]
+
+
+def measure_host_overhead(model_dir: str, num_requests: int = 24, seed: int = 0,
+                          clock: str = "wall") -> tuple[float, float]:
+    """Host time between forward passes in a real engine run (schedule, update, driver).
+
+    Runs an offline workload through `Engine` + the driver with the torch executor and fits
+    gap = a + b x (sequences in the step) by least squares. Returns (a, b) in seconds.
+    """
+    from schedlab.config import EngineConfig
+    from schedlab.driver import run_workload
+    from schedlab.engine import Engine
+    from schedlab.workload import build_workload
+
+    engine = Engine(EngineConfig(model=str(model_dir), dtype="float32", device="cpu"))
+    use_clock(engine, clock)
+    timer, durations = TIMERS[clock], []
+    execute = engine.executor.execute
+
+    def timed(plan):
+        t0 = timer()
+        out = execute(plan)
+        durations.append(timer() - t0)
+        return out
+
+    engine.executor.execute = timed
+    spec = {"type": "synthetic", "num_requests": num_requests,
+            "input_len": {"dist": "uniform", "min": 8, "max": 64},
+            "output_len": {"dist": "uniform", "min": 8, "max": 48}}
+    work = build_workload(spec, engine.model_spec.vocab_size, seed)
+    run = run_workload(engine, work)
+    st = run.step_stats
+    gaps = [b.time - a.time - d for a, b, d in zip(st[:-1], st[1:], durations[1:], strict=True)]
+    seqs = [b.num_scheduled_seqs for b in st[1:]]
+    a = np.column_stack([np.ones(len(seqs)), seqs])
+    coef = np.linalg.lstsq(a, np.asarray(gaps), rcond=None)[0]
+    return max(float(coef[0]), 0.0), max(float(coef[1]), 0.0)
+
+
+def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
+              grid: Sequence[Shape] | None = None, verbose: bool = True,
+              host_overhead: bool = True, clock: str = "wall") -> FitResult:
+    """Measure, fit and (if `out`) save a CPU profile for `model_dir`.
+
+    `host_overhead` adds the engine's and driver's time between steps, measured on a short
+    real run, to the fitted overheads (the simulated clock has no other source of it).
+    `clock="cpu"` times with this thread's CPU time (see `CPUTimeClock`).
+    """
+    from schedlab.model_presets import load_config_dir
+
+    spec = load_config_dir(model_dir).spec
+    grid = list(grid or default_grid(spec.max_position_embeddings))
+    base = replace(probe_cpu(), name=f"cpu-calibrated-{Path(model_dir).name}")
+    t0 = time.perf_counter()
+    times = measure_torch(model_dir, grid, repeats, clock=clock)
+    fit = fit_profile(spec, base, [shape_of(e) for e in grid], times, dtype_bytes=4)
+    host = measure_host_overhead(model_dir, clock=clock) if host_overhead else (0.0, 0.0)
+    prof = fit.profile
+    fit = FitResult(replace(prof, step_overhead=prof.step_overhead + host[0],
+                            seq_overhead=prof.seq_overhead + host[1]), fit.rel_errors)
+    if verbose:
+        print(f"measured {len(grid)} step shapes ({clock} time) in "
+              f"{time.perf_counter() - t0:.1f} s")
+        print(f"{'seqs':>5} {'tokens':>7} {'context':>8} {'measured ms':>12} {'fit ms':>8} "
+              f"{'err %':>7}")
+        for (qs, ss), m, e in zip(grid, times, fit.rel_errors, strict=True):
+            print(f"{len(qs):>5} {sum(qs):>7} {max(q + s for q, s in zip(qs, ss, strict=True)):>8} "
+                  f"{m * 1e3:>12.2f} {m * (1 + e) * 1e3:>8.2f} {e * 100:>7.1f}")
+        p = fit.profile
+        print(f"fit: mean |error| {fit.mean_abs_error * 100:.1f}%  " + "  ".join(
+            f"{k}={getattr(p, k):.4g}" for k in PARAMS))
+        print(f"host overhead between steps (engine + driver): {host[0] * 1e3:.3f} ms/step + "
+              f"{host[1] * 1e6:.1f} us/seq (included in step_overhead / seq_overhead)")
+    if out is not None:
+        path = fit.profile.save(out)
+        if verbose:
+            print(f"wrote {path}  (use: executor=sim hardware={path})")
+    return fit
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="schedlab calibrate", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="checkpoint dir (default: a small random model, built once)")
+    ap.add_argument("--size", default="small", help="tiny-model size when --model is not given")
+    ap.add_argument("--out", default="outputs/hardware/cpu-calibrated.json",
+                    help="where to write the profile JSON")
+    ap.add_argument("--repeats", type=int, default=5, help="timed repeats per shape (median)")
+    ap.add_argument("--no-host-overhead", action="store_true",
+                    help="fit the forward pass only, not the engine's time between steps")
+    ap.add_argument("--clock", choices=sorted(TIMERS), default="wall",
+                    help="wall time, or this thread's CPU time (steady on a busy machine; "
+                         "needs --threads 1)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (1: steadier timings on a shared machine)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model = args.model
+    if model is None:
+        from schedlab.tiny import build_tiny_model
+
+        model = str(build_tiny_model(size=args.size))
+    calibrate(model, args.out, args.repeats, host_overhead=not args.no_host_overhead,
+              clock=args.clock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The `schedlab` command: run (Hydra), report, calibrate, validate, plugins.
+
+This package is the only place under `framework/` that imports Hydra or omegaconf, and it
+imports them only when `schedlab run` needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+
+USAGE = """\
+usage: schedlab <command> [args]
+
+commands:
+  run [overrides]     run one configuration, or a sweep with -m (Hydra); --help lists the groups
+  report <dir>        tables and plots from results.json files under <dir>
+  calibrate [args]    fit the simulated executor's cost model to measured steps
+  validate [args]     compare the simulated executor with the real one
+  plugins             list the installed plugins per interface
+
+examples:
+  schedlab run
+  schedlab run scheduler=static engine.max_num_seqs=8 workload.num_requests=100
+  schedlab run -m scheduler=static,continuous kv_allocator=paged,contiguous
+  schedlab run executor=sim model=llama3_8b hardware=h100
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `schedlab` console script. Returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0 if args else 2
+    cmd, rest = args[0], args[1:]
+    if cmd == "run":
+        return run_command(rest)
+    if cmd == "plugins":
+        return plugins_command(rest)
+    if cmd in ("report", "calibrate", "validate"):
+        return _delegate(cmd, rest)
+    print(f"schedlab: unknown command {cmd!r}; commands: run, report, calibrate, validate, "
+          f"plugins\n\n{USAGE}", file=sys.stderr, end="")
+    return 2
+
+
+def run_command(overrides: Sequence[str]) -> int:
+    """`schedlab run [overrides]`: hand the overrides to Hydra (single run or -m sweep)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' weight-loading bar
+    from schedlab.cli.checks import check_group_choices
+
+    message = check_group_choices(overrides)
+    if message is not None:
+        print(f"schedlab: error: {message}", file=sys.stderr)
+        return 2
+    from schedlab.cli import app
+
+    app.FAILURES.clear()
+    saved = sys.argv
+    sys.argv = ["schedlab run", *overrides]
+    try:
+        app.hydra_main()
+    finally:
+        sys.argv = saved
+    if app.FAILURES:
+        if len(app.FAILURES) > 1:
+            print(f"schedlab: {len(app.FAILURES)} jobs failed", file=sys.stderr)
+        return 2
+    return 0
+
+
+def plugins_command(args: Sequence[str]) -> int:
+    """`schedlab plugins`: every interface's installed plugins, without importing them."""
+    from schedlab import registry
+
+    if args:
+        print("usage: schedlab plugins", file=sys.stderr)
+        return 2
+    for kind, group in registry.GROUPS.items():
+        print(f"{kind} ({group}):")
+        for name in registry.available(kind):
+            ep = next(e for e in entry_points(group=group) if e.name == name)
+            dist = ep.dist.name if ep.dist is not None else "?"
+            print(f"  {name:<16} {ep.value}  [{dist}]")
+    return 0
+
+
+#: subcommand -> (module, what it is) ; each module has main(argv) -> int
+DELEGATES = {
+    "report": ("schedlab.report", "the report"),
+    "calibrate": ("schedlab.calibrate", "the cost-model calibration"),
+    "validate": ("schedlab.validate", "the simulator validation"),
+}
+
+
+def _delegate(cmd: str, args: list[str]) -> int:
+    module, what = DELEGATES[cmd]
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        print(f"schedlab {cmd}: {what} is not available in this installation "
+              f"({module} is missing)", file=sys.stderr)
+        return 2
+    return int(mod.main(args) or 0)

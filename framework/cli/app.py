@@ -1,0 +1,138 @@
+"""`schedlab run`: a thin `@hydra.main` over a plain `run(cfg) -> metrics`."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from schedlab.cli.settings import RunSettings, build_settings
+from schedlab.config import ConfigError
+from schedlab.registry import PluginError
+
+CONFIG_PACKAGE = "pkg://schedlab.conf"
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """Exceptions that mean a bad configuration or input, reported without a traceback."""
+    from schedlab.workload import WorkloadError
+
+    return ConfigError, PluginError, WorkloadError, OmegaConfBaseException
+
+
+#: messages of the jobs of this process that failed on a bad configuration
+FAILURES: list[str] = []
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Run one configuration: build the engine, drive the workload, write the results.
+
+    Args:
+        cfg: a composed config (`conf/config.yaml` plus overrides).
+
+    Returns:
+        The metrics (vLLM's benchmark keys), as written to `results.json`.
+
+    Raises:
+        ConfigError, PluginError, WorkloadError: a bad configuration, before any work starts.
+    """
+    group, name = _sweep_names()
+    settings = build_settings(cfg, group=group, run_name=name)
+    return execute(settings)
+
+
+def execute(s: RunSettings) -> dict[str, Any]:
+    """Run validated settings (see `run`)."""
+    from schedlab.driver import run_workload
+    from schedlab.engine import Engine
+    from schedlab.metrics import compute_metrics, parse_slo
+    from schedlab.results import collect_environment, format_table, write_results
+    from schedlab.tracking import open_tracker
+    from schedlab.workload import build_workload
+
+    slo = parse_slo(s.slo) if s.slo else None
+    seed_everything(s.seed)
+    s.model.prepare()
+    try:
+        engine = Engine(s.engine)
+    except (ValueError, OSError) as e:  # e.g. an executor rejecting its options
+        if isinstance(e, user_errors()):
+            raise
+        raise ConfigError(f"the engine could not be built from this config: {e}") from None
+    workload = build_workload(s.workload, engine.model_spec.vocab_size, seed=s.seed)
+
+    s.output_dir.mkdir(parents=True, exist_ok=True)
+    tracker = open_tracker(s.tracking, s.output_dir, s.config)
+    engine.step_callbacks.append(tracker.log_step)
+    metrics: dict[str, Any] = {}
+    summary: dict[str, Any] = {}
+    try:
+        result = run_workload(engine, workload, temperature=s.temperature,
+                              ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
+                              progress=s.progress)
+        metrics = compute_metrics(result, percentiles=s.percentiles, slo=slo)
+        path = write_results(s.output_dir, metrics, s.config, collect_environment())
+        summary = json.loads(path.read_text())  # W&B's summary = results.json's scalars
+        if s.plots:
+            from schedlab.plots import write_plots
+
+            write_plots(s.output_dir, result, metrics)
+    except BaseException:
+        tracker.finish(summary or metrics, failed=True)
+        raise
+    tracker.finish(summary)
+    if s.print_table:
+        print(format_table(metrics))
+    print(f"results: {path}")
+    if tracker.location:
+        print(f"W&B run: {tracker.location}")
+    return metrics
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (the engine seeds its own sampler from the config)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _sweep_names() -> tuple[str | None, str | None]:
+    """(W&B group, run name) from Hydra's runtime: a sweep's runs share its directory name."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None, None
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:
+        sweep = Path(hc.sweep.dir)
+        group = f"{sweep.parent.name}_{sweep.name}" if sweep.parent.name else sweep.name
+        name = hc.job.override_dirname or f"job{hc.job.num}"
+        return group, f"{hc.job.num}:{name}"
+    out = Path(hc.runtime.output_dir)
+    return None, f"{out.parent.name}_{out.name}"
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PACKAGE, config_name="config")
+def hydra_main(cfg: DictConfig) -> dict[str, Any] | None:
+    """Hydra's task function: one job of a run or a sweep.
+
+    A bad configuration is printed as one line and recorded, so the other jobs of a sweep
+    still run and the command exits non-zero at the end.
+    """
+    try:
+        return run(cfg)
+    except user_errors() as e:
+        msg = str(e).strip()
+        FAILURES.append(msg)
+        print(f"schedlab: error: {msg}", file=sys.stderr)
+        return None

@@ -1,0 +1,204 @@
+"""Hardware profiles for the cost model: datasheet presets, a CPU probe, JSON save/load.
+
+A profile holds the peaks of one device (matmul FLOP/s, memory bandwidth, capacity, link
+bandwidth) and the fractions of them a serving stack reaches (efficiency factors), plus fixed
+per-step costs. GPU presets use datasheet figures (dense bf16); `cpu` is measured on the spot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+GB = 1e9
+TB = 1e12
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    """One accelerator as the cost model sees it (all figures per device).
+
+    Args:
+        name: a label for reports.
+        matmul_flops: peak dense matmul FLOP/s at `dtype`.
+        mem_bandwidth: peak memory bandwidth (bytes/s).
+        memory_capacity: device memory (bytes).
+        interconnect_bandwidth: per-direction device-to-device bandwidth (bytes/s) for TP.
+        host_bandwidth: device <-> host bandwidth (bytes/s), for swapped KV blocks.
+        dtype: the serving dtype the peaks refer to (weights and KV cache).
+        device: "cuda" or "cpu" (a cpu profile leaves KV sizing to the engine's default).
+        linear_efficiency: fraction of `matmul_flops` reached by the linear layers and logits.
+        attention_efficiency: fraction of `matmul_flops` reached by attention.
+        memory_efficiency: fraction of `mem_bandwidth` reached when streaming weights.
+        kv_efficiency: fraction of `mem_bandwidth` reached when attention reads the KV cache.
+        interconnect_efficiency: fraction of `interconnect_bandwidth` reached by all-reduce.
+        step_overhead: fixed seconds per step (launches, input preparation, sampling).
+        seq_overhead: seconds per scheduled sequence.
+        prefill_overhead: seconds per prefill chunk (sequences running more than one token).
+        allreduce_latency: seconds per all-reduce (two per layer when tp > 1).
+    """
+
+    name: str
+    matmul_flops: float
+    mem_bandwidth: float
+    memory_capacity: int
+    interconnect_bandwidth: float = 0.0
+    host_bandwidth: float = 25 * GB
+    dtype: str = "bfloat16"
+    device: str = "cuda"
+    linear_efficiency: float = 0.7
+    attention_efficiency: float = 0.5
+    memory_efficiency: float = 0.8
+    kv_efficiency: float = 0.7
+    interconnect_efficiency: float = 0.7
+    step_overhead: float = 1e-3
+    seq_overhead: float = 2e-6
+    prefill_overhead: float = 1e-5
+    allreduce_latency: float = 8e-6
+
+    def __post_init__(self) -> None:
+        for key in ("matmul_flops", "mem_bandwidth", "memory_capacity"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"hardware {key}={getattr(self, key)!r} must be positive")
+        for key in ("linear_efficiency", "attention_efficiency", "memory_efficiency",
+                    "kv_efficiency", "interconnect_efficiency"):
+            v = getattr(self, key)
+            if not v > 0:
+                raise ValueError(f"hardware {key}={v!r} must be positive (a fraction of peak)")
+        if self.device not in ("cuda", "cpu"):
+            raise ValueError(f"hardware device={self.device!r}; accepted: cuda, cpu")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as JSON (what `hardware=<path>` loads)."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return p
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HardwareProfile:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown hardware fields {unknown}; accepted: {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> HardwareProfile:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+# Datasheet figures: dense (not sparse) bf16 tensor-core FLOP/s, HBM bandwidth, capacity,
+# NVLink bandwidth per direction, PCIe bandwidth per direction.
+PRESETS: dict[str, HardwareProfile] = {
+    "a100": HardwareProfile("A100-80GB-SXM", matmul_flops=312 * TB, mem_bandwidth=2.039 * TB,
+                            memory_capacity=80 * 10**9, interconnect_bandwidth=300 * GB,
+                            host_bandwidth=32 * GB),
+    "h100": HardwareProfile("H100-SXM", matmul_flops=989 * TB, mem_bandwidth=3.35 * TB,
+                            memory_capacity=80 * 10**9, interconnect_bandwidth=450 * GB,
+                            host_bandwidth=64 * GB),
+    "h200": HardwareProfile("H200-SXM", matmul_flops=989 * TB, mem_bandwidth=4.8 * TB,
+                            memory_capacity=141 * 10**9, interconnect_bandwidth=450 * GB,
+                            host_bandwidth=64 * GB),
+}
+
+
+def preset_names() -> list[str]:
+    return [*PRESETS, "cpu"]
+
+
+@cache
+def probe_cpu(seconds: float = 1.0) -> HardwareProfile:
+    """Measure this CPU: float32 matmul FLOP/s and memcpy bandwidth (~`seconds`, cached).
+
+    Efficiency factors stay at 1 and overheads at 0 until `schedlab calibrate` fits them.
+    """
+    import torch
+
+    n = 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    flops = _best_rate(lambda: torch.mm(a, b), 2 * n**3, seconds / 2)
+    src = torch.empty(32 << 20, dtype=torch.float32)  # 128 MiB
+    src.fill_(1.0)
+    dst = torch.empty_like(src)
+    bandwidth = _best_rate(lambda: dst.copy_(src), 2 * src.numel() * 4, seconds / 2)
+    try:
+        capacity = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        capacity = 16 << 30
+    return HardwareProfile(
+        f"cpu-{torch.get_num_threads()}t", matmul_flops=flops, mem_bandwidth=bandwidth,
+        memory_capacity=int(capacity), interconnect_bandwidth=bandwidth, host_bandwidth=bandwidth,
+        dtype="float32", device="cpu", linear_efficiency=1.0, attention_efficiency=1.0,
+        memory_efficiency=1.0, kv_efficiency=1.0, interconnect_efficiency=1.0, step_overhead=0.0,
+        seq_overhead=0.0, prefill_overhead=0.0, allreduce_latency=0.0,
+    )
+
+
+def _best_rate(fn, work: float, budget: float) -> float:
+    fn()  # warm up
+    best = float("inf")
+    deadline = time.perf_counter() + budget
+    reps = 0
+    while reps < 3 or (time.perf_counter() < deadline and reps < 50):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        reps += 1
+    return work / best
+
+
+def get_preset(name: str) -> HardwareProfile:
+    key = name.lower().replace("-", "").replace("_", "")
+    if key == "cpu":
+        return probe_cpu()
+    if key in PRESETS:
+        return PRESETS[key]
+    raise ValueError(f"unknown hardware preset {name!r}; presets: {', '.join(preset_names())} "
+                     "(or a path to a profile JSON written by `schedlab calibrate`)")
+
+
+def resolve_hardware(hw: str | Path | dict[str, Any] | HardwareProfile | None) -> HardwareProfile:
+    """A profile from a preset name, a JSON path, a profile, or a dict.
+
+    A dict may name a base with `preset:` or `path:` and override any field; without either
+    it must hold every required field. None means the `cpu` preset.
+    """
+    if hw is None:
+        return probe_cpu()
+    if isinstance(hw, HardwareProfile):
+        return hw
+    if isinstance(hw, str | Path):
+        s = str(hw)
+        if s.endswith(".json") or os.sep in s or Path(s).is_file():
+            if not Path(s).is_file():
+                raise ValueError(f"hardware={s!r}: no such profile file")
+            return HardwareProfile.load(s)
+        return get_preset(s)
+    data = {k: v for k, v in dict(hw).items() if v is not None}
+    preset, path = data.pop("preset", None), data.pop("path", None)
+    if preset is not None and path is not None:
+        raise ValueError("hardware: give `preset` or `path`, not both")
+    base = get_preset(preset) if preset else HardwareProfile.load(path) if path else None
+    if base is None:
+        return HardwareProfile.from_dict(data)
+    return with_overrides(base, data)
+
+
+def with_overrides(profile: HardwareProfile, overrides: dict[str, Any]) -> HardwareProfile:
+    """A copy of `profile` with some fields replaced (unknown names fail with the list)."""
+    if not overrides:
+        return profile
+    known = {f.name for f in fields(HardwareProfile)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown hardware fields {unknown}; accepted: {sorted(known)}")
+    return replace(profile, **overrides)

@@ -1,0 +1,195 @@
+"""Run metrics with vLLM's definitions and key names (`vllm bench serve`), plus engine metrics.
+
+Per request (completed ones only; rejected and aborted requests are counted, never timed):
+
+- TTFT = first token time - arrival time (queueing included);
+- TPOT = (E2EL - TTFT) / (output tokens - 1), only for requests with more than one token;
+- ITL = each gap between consecutive output tokens, pooled over all requests;
+- E2EL = finish time - arrival time;
+- queueing = first scheduled time - arrival time.
+
+Each latency family gets `mean_/median_/std_/pNN_<name>_ms` keys; throughputs divide by the
+run's duration. Engine metrics come from the per-step series (KV use, batch size, waste).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from schedlab.driver import RunResult
+from schedlab.request import Request, RequestStatus
+
+SLO_KEYS = ("ttft", "tpot", "e2el")
+_SLO_ITEM = re.compile(r"\s*([a-z0-9_]+)\s*[=:]\s*([0-9.eE+-]+)\s*(?:ms)?\s*")
+
+
+def parse_slo(s: str) -> dict[str, float]:
+    """Parse an SLO string such as "ttft=200,tpot=50" (or vLLM's "ttft:200 tpot:50"), in ms.
+
+    Raises:
+        ValueError: an unknown key, a value that is not a positive number, or a bad item.
+    """
+    out: dict[str, float] = {}
+    for item in re.split(r"[,\s]+", s.strip()):
+        if not item:
+            continue
+        m = _SLO_ITEM.fullmatch(item)
+        if m is None:
+            raise ValueError(f"SLO item {item!r} is not 'key=milliseconds' (e.g. 'ttft=200')")
+        key = m.group(1)
+        if key not in SLO_KEYS:
+            raise ValueError(f"SLO key {key!r} is unknown; accepted: {', '.join(SLO_KEYS)}")
+        try:
+            value = float(m.group(2))
+        except ValueError:
+            value = math.nan
+        if not value > 0:
+            raise ValueError(f"SLO {key}={m.group(2)!r} must be a positive number of ms")
+        out[key] = value
+    if not out:
+        raise ValueError(f"SLO {s!r} is empty; e.g. 'ttft=200,tpot=50' (milliseconds)")
+    return out
+
+
+def compute_metrics(
+    run: RunResult,
+    percentiles: Sequence[float] = (50, 90, 95, 99),
+    slo: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """Summarise a run with vLLM's benchmark keys plus engine-side metrics.
+
+    Args:
+        run: the run to summarise.
+        percentiles: which `pNN_*_ms` keys to report.
+        slo: per-request limits in ms (`ttft`, `tpot`, `e2el`) for `request_goodput`
+            (completed requests meeting all of them, per second); None leaves goodput None.
+
+    Returns:
+        A JSON-ready dict: scalars (`completed`, `num_rejected`, `duration`, throughputs,
+        latency statistics, engine metrics) and per-request lists over completed requests
+        (`input_lens`, `output_lens`, `ttfts`, `tpots` (None for one-token outputs), `e2els`,
+        `itls` (one list per request)); latencies in the lists are in seconds, as vLLM's.
+    """
+    if slo is not None:
+        unknown = sorted(set(slo) - set(SLO_KEYS))
+        if unknown:
+            raise ValueError(f"SLO keys {unknown} are unknown; accepted: {', '.join(SLO_KEYS)}")
+    done = [r for r in run.requests if _completed(r)]
+    rejected = [r for r in run.requests if r.status is RequestStatus.REJECTED]
+    dur = run.duration_s
+    ttfts = [r.metrics.first_token_time - r.metrics.arrival_time for r in done]
+    e2els = [r.metrics.finished_time - r.metrics.arrival_time for r in done]
+    tpots: list[float | None] = [
+        (e2el - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else None
+        for r, ttft, e2el in zip(done, ttfts, e2els, strict=True)
+    ]
+    itls = [np.diff(r.metrics.token_times).tolist() for r in done]
+    queue = [r.metrics.first_scheduled_time - r.metrics.arrival_time for r in done]
+    input_lens = [r.num_prompt_tokens for r in done]
+    output_lens = [r.num_output_tokens for r in done]
+    total_in, total_out = sum(input_lens), sum(output_lens)
+
+    m: dict[str, Any] = {
+        "duration": dur,
+        "completed": len(done),
+        "num_rejected": len(rejected),
+        "num_failed": len(run.requests) - len(done),
+        "max_concurrency": run.max_concurrency,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": _per_s(len(done), dur),
+        "request_goodput": None,
+        "output_throughput": _per_s(total_out, dur),
+        "total_token_throughput": _per_s(total_in + total_out, dur),
+    }
+    if slo:
+        m["request_goodput"] = _per_s(_num_good(slo, ttfts, tpots, e2els), dur)
+        m["goodput_slo_ms"] = dict(slo)
+    m["max_output_tokens_per_s"] = _peak_output_rate(done, run.start_time)
+    m["max_concurrent_requests"] = max((s.num_running for s in run.step_stats), default=0)
+    pooled_itl = [g for gaps in itls for g in gaps]
+    for name, values in (("ttft", ttfts), ("tpot", [t for t in tpots if t is not None]),
+                         ("itl", pooled_itl), ("e2el", e2els), ("queue", queue)):
+        m.update(_stats(name, values, percentiles))
+    m.update(engine_metrics(run))
+    m.update(input_lens=input_lens, output_lens=output_lens, ttfts=ttfts, tpots=tpots,
+             e2els=e2els, itls=itls,
+             errors=[r.reject_reason or r.finish_reason for r in run.requests if not _completed(r)])
+    return m
+
+
+def engine_metrics(run: RunResult) -> dict[str, Any]:
+    """Engine-side metrics from the per-step series (none of them in vLLM's benchmark)."""
+    steps = run.step_stats
+    reserved = sum(s.kv_reserved_tokens for s in steps)
+    used = sum(s.kv_used_tokens for s in steps)
+    peak_blocks = max((s.kv_used_blocks for s in steps), default=0)
+    return {
+        "num_steps": len(steps),
+        "num_preemptions": run.num_preemptions,
+        "prefix_cache_hit_rate": run.prefix_hit_rate,
+        "num_kv_blocks": run.num_kv_blocks,
+        "peak_kv_used_blocks": peak_blocks,
+        "peak_kv_usage_pct": 100.0 * peak_blocks / run.num_kv_blocks if run.num_kv_blocks else 0.0,
+        "mean_kv_usage_pct": (100.0 * float(np.mean([s.kv_used_blocks for s in steps]))
+                              / run.num_kv_blocks if steps and run.num_kv_blocks else 0.0),
+        "mean_kv_reserved_tokens": reserved / len(steps) if steps else 0.0,
+        "mean_kv_used_tokens": used / len(steps) if steps else 0.0,
+        "kv_waste_pct": 100.0 * (1.0 - used / reserved) if reserved else 0.0,
+        "mean_batch_size": _mean([s.num_scheduled_seqs for s in steps]),
+        "mean_num_running": _mean([s.num_running for s in steps]),
+        "mean_num_waiting": _mean([s.num_waiting for s in steps]),
+        "mean_tokens_per_step": _mean([s.num_scheduled_tokens for s in steps]),
+        "mean_step_time_ms": 1000.0 * _mean([s.step_time for s in steps]),
+        "mean_framework_time_ms": 1000.0 * _mean([s.framework_time for s in steps]),
+    }
+
+
+def _completed(r: Request) -> bool:
+    return r.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH) and bool(
+        r.metrics.token_times)
+
+
+def _stats(name: str, values: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
+    # NOTE: like vLLM, an empty series reports 0 rather than NaN.
+    a = np.asarray(values if len(values) else [0.0], dtype=float) * 1000.0
+    out = {f"mean_{name}_ms": float(a.mean()), f"median_{name}_ms": float(np.median(a)),
+           f"std_{name}_ms": float(a.std())}
+    for p in percentiles:
+        word = str(int(p)) if float(p).is_integer() else str(p)
+        out[f"p{word}_{name}_ms"] = float(np.percentile(a, p))
+    return out
+
+
+def _num_good(slo: Mapping[str, float], ttfts: list[float], tpots: list[float | None],
+              e2els: list[float]) -> int:
+    # NOTE: as in vLLM, a one-token request has TPOT 0 for goodput.
+    series = {"ttft": ttfts, "tpot": [t or 0.0 for t in tpots], "e2el": e2els}
+    good = 0
+    for i in range(len(ttfts)):
+        if all(series[k][i] * 1000.0 <= limit for k, limit in slo.items()):
+            good += 1
+    return good
+
+
+def _peak_output_rate(done: list[Request], start: float) -> float:
+    """The most output tokens produced in any whole second of the run (vLLM's
+    `max_output_tokens_per_s`)."""
+    times = [t for r in done for t in r.metrics.token_times]
+    if not times:
+        return 0.0
+    seconds = np.floor(np.asarray(times) - start).astype(np.int64)
+    return float(np.bincount(seconds - seconds.min()).max())
+
+
+def _per_s(n: float, duration: float) -> float:
+    return n / duration if duration > 0 else 0.0
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else 0.0

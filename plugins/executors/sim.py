@@ -1,0 +1,108 @@
+"""The simulated executor: the plan's cost predicted by a roofline model, on a virtual clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schedlab.attention import KVCacheSpec
+from schedlab.config import ConfigError, EngineConfig
+from schedlab.costmodel import CostModel, StepShape
+from schedlab.executor import Executor, ExecutorOutput, VirtualClock
+from schedlab.hardware import HardwareProfile, resolve_hardware, with_overrides
+from schedlab.model import resolve_dtype
+from schedlab.model_presets import ModelPreset, resolve_model
+from schedlab.scheduler import SchedulerOutput
+
+
+class SimExecutor(Executor):
+    """Runs no model: each step's duration comes from `CostModel`, and the clock advances by it.
+
+    The scheduler, queue, allocator and prefix cache are the same objects a real run uses; only
+    the forward pass is replaced. Sampled tokens are placeholders that are never an EOS id, so
+    output lengths follow each request's `max_tokens`.
+
+    Args:
+        config: the engine config; `model` is a preset name (`llama3_8b`, ...) or a local
+            checkpoint directory (only its config.json is read).
+        hardware: a preset name (`a100`, `h100`, `h200`, `cpu`), a profile JSON path, a
+            `HardwareProfile`, or a dict of profile fields (optionally with `preset:`/`path:`
+            as the base). Default `cpu`.
+        tp: tensor-parallel degree.
+        dtype: weight and KV dtype; default the hardware profile's.
+        **overrides: any profile field (`linear_efficiency`, `step_overhead`, ...).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        hardware: str | dict[str, Any] | HardwareProfile | None = None,
+        tp: int = 1,
+        dtype: str | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.config = config
+        try:
+            self.preset: ModelPreset = resolve_model(config.model)
+            self.hardware = with_overrides(resolve_hardware(hardware), overrides)
+            self.dtype = resolve_dtype(dtype or self.hardware.dtype)
+            elem = self.dtype.itemsize
+            self.cost_model = CostModel(self.preset.spec, self.hardware, elem, tp)
+        except (ValueError, FileNotFoundError) as e:
+            raise ConfigError(f"executor=sim: {e}") from None
+        self.model_spec = self.preset.spec
+        self.tp = tp
+        self.clock = VirtualClock()
+        self.block_size = config.block_size
+        self.total_time = 0.0
+        self.num_steps = 0
+        eos = set(self.model_spec.eos_token_ids)
+        self.placeholder = next(t for t in range(len(eos) + 1) if t not in eos)
+
+    def kv_cache_spec(self, block_size: int) -> KVCacheSpec:
+        s = self.model_spec
+        return KVCacheSpec(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype, block_size)
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights on each device (linear layers split by TP, embeddings replicated)."""
+        s, cm = self.model_spec, self.cost_model
+        emb = s.vocab_size * s.hidden_size * self.dtype.itemsize
+        return int(cm.weight_bytes + cm.lm_head_bytes + (0 if s.tie_word_embeddings else emb))
+
+    def available_kv_memory(self) -> int | None:
+        hw = self.hardware
+        if hw.device == "cpu":
+            return None  # as the torch executor on a CPU: the engine's default pool
+        per_device = hw.memory_capacity * self.config.gpu_memory_utilization
+        left = per_device - self.weight_bytes()
+        if left <= 0:
+            raise ConfigError(
+                f"model {self.preset.name!r} needs {self.weight_bytes() / 1e9:.1f} GB of weights "
+                f"per device with tp={self.tp}, more than {per_device / 1e9:.1f} GB "
+                f"({hw.name} x gpu_memory_utilization={self.config.gpu_memory_utilization}); "
+                "raise tp"
+            )
+        # NOTE: the engine's pool counts whole-model bytes per token; each of the tp devices
+        # holds 1/tp of every token's KV, so the pool is tp times one device's share.
+        return int(left * self.tp)
+
+    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+
+    def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
+        samples: list[bool] = []
+        dt = self.cost_model.step_time(StepShape.from_plan(plan, samples), self.block_size)
+        self.clock.advance(dt)
+        self.total_time += dt
+        self.num_steps += 1
+        tok = self.placeholder
+        sampled: list[int | None] = [tok if s else None for s in samples]
+        for i, sr in enumerate(plan.scheduled):
+            stops = sr.request.sampling_params.stop_token_ids
+            if stops and samples[i]:
+                sampled[i] = self._token_avoiding(stops)
+        return ExecutorOutput(sampled, dt)
+
+    def _token_avoiding(self, stops: list[int]) -> int:
+        avoid = set(stops) | set(self.model_spec.eos_token_ids)
+        return next(t for t in range(self.placeholder, self.placeholder + len(avoid) + 1)
+                    if t not in avoid)

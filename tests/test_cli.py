@@ -1,0 +1,253 @@
+"""The `schedlab` command: runs, sweeps, W&B files, a third-party plugin, bad configurations.
+
+A few subprocess calls (each pays for importing torch); the rest runs in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from schedlab.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEDLAB = [sys.executable, "-c", "import sys; from schedlab.cli import main; sys.exit(main())"]
+FIXTURE_PLUGIN = ROOT / "tests" / "fixtures" / "schedlab_example_plugin"
+SMALL = ["workload.num_requests=6", "workload.input_len.max=48", "workload.output_len.max=12",
+         "driver.progress=false", "print_table=false"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """A model cache with the default tiny model already built (subprocesses share it)."""
+    from schedlab.tiny import build_tiny_model
+
+    d = tmp_path_factory.mktemp("schedlab-cache")
+    build_tiny_model(d / "llama-tiny-s0", family="llama", size="tiny", seed=0)
+    return d
+
+
+def schedlab(args: list[str], cwd: Path, cache: Path, pythonpath: str | None = None,
+             timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, SCHEDLAB_CACHE=str(cache), WANDB_MODE="offline", HYDRA_FULL_ERROR="")
+    env.pop("HYDRA_FULL_ERROR")
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return subprocess.run([*SCHEDLAB, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _ok(p: subprocess.CompletedProcess) -> None:
+    assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+
+
+# ---- reading an offline W&B run (its .wandb file is a LevelDB-style log of protobufs) ---------
+def wandb_records(run_dir: Path):
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    block, pos, buf = 32768, 7, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 and n == 0:
+            pos += left
+            continue
+        buf += data[pos + 7:pos + 7 + n]
+        pos += 7 + n
+        if kind in (1, 4):  # a full record, or the last piece of one
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            buf = b""
+            yield rec
+
+
+def read_wandb_run(run_dir: Path) -> dict:
+    """group, config, final summary and number of logged steps of an offline run."""
+    out = {"config": {}, "summary": {}, "history": 0, "group": None}
+    for rec in wandb_records(run_dir):
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            out["group"] = rec.run.run_group
+            for item in rec.run.config.update:
+                out["config"][item.key] = json.loads(item.value_json)
+        elif kind == "summary":
+            for item in rec.summary.update:
+                key = item.key or "/".join(item.nested_key)
+                out["summary"][key] = json.loads(item.value_json)
+        elif kind == "history":
+            out["history"] += 1
+            out.setdefault("history_keys", set()).update(
+                item.key or "/".join(item.nested_key) for item in rec.history.item)
+    out["config"].pop("_wandb", None)
+    return out
+
+
+def assert_summary_matches(summary: dict, results: dict) -> None:
+    scalars = {k: v for k, v in results.items() if isinstance(v, int | float | str | bool)
+               and not (isinstance(v, float) and not math.isfinite(v))}
+    assert scalars
+    for k, v in scalars.items():
+        assert k in summary, f"{k} missing from the W&B summary"
+        assert summary[k] == (pytest.approx(v) if isinstance(v, float) else v), k
+
+
+# ---- subprocess: what a user types ------------------------------------------------------------
+def test_run_writes_results_and_plots(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    p = schedlab(["run", *SMALL, "print_table=true", "logger=none", f"hydra.run.dir={run_dir}"],
+                 tmp_path, cache)
+    _ok(p)
+    assert "Successful requests:" in p.stdout
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["completed"] == 6
+    assert results["config"]["scheduler"]["name"] == "continuous"
+    assert results["config"]["kv_allocator"]["name"] == "paged"
+    assert list(run_dir.glob("**/*.png")), "no plots written"
+    assert not (run_dir / "wandb").exists(), "logger=none must not open W&B"
+
+
+def test_multirun_grid_with_wandb(tmp_path, cache):
+    sweep = tmp_path / "sweep"
+    p = schedlab(["run", "-m", "scheduler=static,continuous", "kv_allocator=paged,contiguous",
+                  *SMALL, "plots=false", f"hydra.sweep.dir={sweep}"], tmp_path, cache)
+    _ok(p)
+    jobs = sorted(d for d in sweep.iterdir() if d.is_dir() and d.name.isdigit())
+    assert [d.name for d in jobs] == ["0", "1", "2", "3"]
+    combos, groups = set(), set()
+    for d in jobs:
+        results = json.loads((d / "results.json").read_text())
+        cfg = results["config"]
+        combos.add((cfg["scheduler"]["name"], cfg["kv_allocator"]["name"]))
+        run = read_wandb_run(d)
+        assert run["config"] == cfg
+        assert_summary_matches(run["summary"], results)
+        assert run["history"] > 0, "no per-step series logged"
+        assert {"running", "waiting", "scheduled_tokens", "kv_used_blocks",
+                "step_time_ms"} <= run["history_keys"]
+        assert "requests" in run["history_keys"], "no per-request table logged"
+        groups.add(run["group"])
+    assert combos == {(s, a) for s in ("static", "continuous") for a in ("paged", "contiguous")}
+    assert len(groups) == 1 and groups != {""}, f"runs of one sweep must share a group: {groups}"
+
+
+def test_third_party_plugin_package(tmp_path, cache):
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURE_PLUGIN, src)  # pip builds in the source tree; keep the repo clean
+    target = tmp_path / "site"
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+         "--no-index", "--quiet", "--target", str(target), str(src)],
+        capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr
+    listing = schedlab(["plugins"], tmp_path, cache, pythonpath=str(target))
+    _ok(listing)
+    assert "lifo" in listing.stdout and "prefill_first" in listing.stdout
+    run_dir = tmp_path / "run"
+    p = schedlab(["run", "queue=lifo", "scheduler=prefill_first", *SMALL, "logger=none",
+                  "plots=false", f"hydra.run.dir={run_dir}"], tmp_path, cache,
+                 pythonpath=str(target))
+    _ok(p)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["completed"] == 6
+    assert results["config"]["queue"]["name"] == "lifo"
+    assert results["config"]["scheduler"]["name"] == "prefill_first"
+
+
+BAD = {
+    "unknown-group-option": (["scheduler=nonesuch"],
+                             ["scheduler='nonesuch'", "continuous", "static"]),
+    "unknown-plugin-name": (["queue.name=nonesuch"], ["queue.name='nonesuch'", "fcfs"]),
+    "out-of-range": (["engine.block_size=3"], ["engine.block_size=3", "power of two"]),
+    "wrong-type": (["engine.max_num_seqs=many"], ["engine.max_num_seqs='many'", "integer"]),
+    "incompatible": (["prefix_cache=hash_block", "kv_allocator=contiguous"],
+                     ["prefix_cache='hash_block'", "kv_allocator='contiguous'"]),
+    "unknown-key": (["engine.blok_size=3"], ["engine.blok_size"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_configuration_fails_cleanly(case, tmp_path, cache):
+    overrides, expected = BAD[case]
+    p = schedlab(["run", *overrides, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"],
+                 tmp_path, cache)
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr, p.stderr
+    for text in expected:
+        assert text in p.stderr, f"{text!r} not in:\n{p.stderr}"
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+@pytest.mark.slow
+def test_sweep_on_submitit_local(tmp_path, cache):
+    sweep = tmp_path / "sweep"
+    p = schedlab(["run", "-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
+                  "scheduler=static,continuous", *SMALL, "logger=none", "plots=false",
+                  f"hydra.sweep.dir={sweep}"], tmp_path, cache, timeout=900)
+    _ok(p)
+    for job in ("0", "1"):
+        results = json.loads((sweep / job / "results.json").read_text())
+        assert results["completed"] == 6
+
+
+def test_logger_none_never_imports_wandb(tmp_path):
+    code = ("import sys; from schedlab.tracking import TrackingConfig, open_tracker; "
+            f"t = open_tracker(TrackingConfig(backend='none'), {str(tmp_path)!r}, {{}}); "
+            "t.finish({'completed': 1}); assert 'wandb' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert not (tmp_path / "wandb").exists()
+
+
+# ---- in-process ----------------------------------------------------------------------------
+def test_usage_and_unknown_command(capsys):
+    assert main([]) == 2
+    assert "schedlab run" in capsys.readouterr().out
+    assert main(["frobnicate"]) == 2
+    assert "unknown command 'frobnicate'" in capsys.readouterr().err
+
+
+def test_plugins_lists_every_interface(capsys):
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    for kind, names in {"scheduler": ["static", "continuous"], "queue": ["fcfs"],
+                        "kv_allocator": ["paged", "contiguous"], "executor": ["torch"]}.items():
+        assert f"{kind} (" in out
+        for n in names:
+            assert f"  {n} " in out
+
+
+def test_delegated_subcommands_exist_or_say_so(capsys):
+    import importlib.util
+
+    for cmd in ("calibrate", "validate", "report"):
+        if importlib.util.find_spec(f"schedlab.{cmd}") is None:
+            assert main([cmd]) == 2
+            assert "not available" in capsys.readouterr().err
+
+
+def test_run_in_process_returns_metrics(tmp_path, llama_dir):
+    from hydra import compose, initialize_config_module
+
+    from schedlab.cli.app import run
+
+    with initialize_config_module("schedlab.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "model=path", f"model.path={llama_dir}", "logger=none", "plots=false",
+            f"paths.output_dir={tmp_path}", "workload.num_requests=3", *SMALL[1:]])
+    metrics = run(cfg)
+    assert metrics["completed"] == 3
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["completed"] == 3 and saved["config"]["model"]["path"] == llama_dir

@@ -1,0 +1,155 @@
+"""The cost model's terms on hand-computed cases, hardware profiles, model presets, calibration."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from schedlab.costfit import fit_profile, nnls
+from schedlab.costmodel import CostModel, StepShape
+from schedlab.hardware import PRESETS, HardwareProfile, resolve_hardware
+from schedlab.model import ModelSpec
+from schedlab.model_presets import PRESETS as MODELS
+from schedlab.model_presets import load_config_dir, resolve_model
+from schedlab.request import Request, SamplingParams
+from schedlab.scheduler import ScheduledRequest, SchedulerOutput
+
+LLAMA8B = MODELS["llama3_8b"].spec
+H100 = PRESETS["h100"]
+#: a profile at 100% of peak and no overheads, for exact hand computations
+IDEAL = replace(H100, linear_efficiency=1.0, attention_efficiency=1.0, memory_efficiency=1.0,
+                kv_efficiency=1.0, interconnect_efficiency=1.0, step_overhead=0.0,
+                seq_overhead=0.0, prefill_overhead=0.0, allreduce_latency=0.0)
+
+
+def test_presets_have_the_real_parameter_counts():
+    assert MODELS["llama3_8b"].spec.num_params == pytest.approx(8.03e9, rel=0.01)
+    assert MODELS["llama3_70b"].spec.num_params == pytest.approx(70.6e9, rel=0.01)
+    assert MODELS["qwen2_5_7b"].spec.num_params == pytest.approx(7.6e9, rel=0.02)
+    assert all(m.dtype == "bfloat16" for m in MODELS.values())
+
+
+def test_decode_is_bounded_below_by_reading_the_weights():
+    cm = CostModel(LLAMA8B, H100, dtype_bytes=2)
+    shape = StepShape.from_lens([1], [1023])
+    weights = cm.linear_params * 2
+    t = cm.step_time(shape)
+    assert t >= weights / H100.mem_bandwidth
+    assert t < 3 * weights / H100.mem_bandwidth  # still a memory-bound step, not more
+    cost = cm.step_cost(shape)
+    assert cost.linear == pytest.approx(weights / (H100.mem_bandwidth * H100.memory_efficiency))
+    assert cost.total == pytest.approx(cost.linear + cost.attention + cost.logits
+                                       + cost.allreduce + cost.swap + cost.overhead)
+
+
+def test_large_prefill_costs_two_flops_per_parameter_per_token():
+    cm = CostModel(LLAMA8B, IDEAL, dtype_bytes=2)
+    n = 2048
+    non_embedding = LLAMA8B.num_params - 2 * LLAMA8B.vocab_size * LLAMA8B.hidden_size
+    t = cm.step_time(StepShape.from_lens([n], [0]))
+    assert t == pytest.approx(2 * non_embedding * n / IDEAL.matmul_flops, rel=0.08)
+    # and a prefill is compute-bound: doubling the tokens nearly doubles the time
+    assert cm.step_time(StepShape.from_lens([2 * n], [0])) / t == pytest.approx(2, rel=0.1)
+
+
+def test_attention_counts_causal_pairs_and_context_reads():
+    cm = CostModel(LLAMA8B, IDEAL, dtype_bytes=2)
+    s = StepShape.from_lens([4, 1], [0, 9])
+    assert s.attn_pairs == (1 + 2 + 3 + 4) + 10
+    assert s.kv_tokens == 4 + 10
+    assert (s.num_tokens, s.num_seqs, s.num_prefills, s.num_sampled) == (5, 2, 1, 2)
+    r = cm.raw_terms(s)
+    spec = LLAMA8B
+    kv_bytes = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2 * 14
+    assert r.attention_memory == pytest.approx(kv_bytes / IDEAL.mem_bandwidth)
+    flops = 4 * spec.num_layers * spec.num_heads * spec.head_dim * 20
+    assert r.attention_compute == pytest.approx(flops / IDEAL.matmul_flops)
+
+
+def test_logits_only_for_sampled_positions():
+    cm = CostModel(LLAMA8B, IDEAL, dtype_bytes=2)
+    partial = StepShape.from_lens([512], [0], sampled=[False])
+    full = StepShape.from_lens([512], [0], sampled=[True])
+    assert cm.step_cost(partial).logits == 0.0
+    assert cm.step_cost(full).logits > 0.0
+
+
+def test_tensor_parallel_halves_weight_time_and_adds_allreduce():
+    decode = StepShape.from_lens([1] * 8, [500] * 8)
+    one = CostModel(LLAMA8B, H100, 2, tp=1).step_cost(decode)
+    two = CostModel(LLAMA8B, H100, 2, tp=2).step_cost(decode)
+    assert two.linear == pytest.approx(one.linear / 2)
+    assert two.attention == pytest.approx(one.attention / 2)
+    assert one.allreduce == 0.0 and two.allreduce > 0.0
+    with pytest.raises(ValueError, match="tp=5"):
+        CostModel(LLAMA8B, H100, 2, tp=5)
+
+
+def test_step_shape_from_plan_matches_lengths():
+    sp = SamplingParams(max_tokens=8)
+    a = Request("a", list(range(100)), sp)  # prefill chunk 0..64 of 100: no sample
+    b = Request("b", list(range(20)), sp)
+    b.output_token_ids = [1, 2, 3]  # decode at position 22
+    plan = SchedulerOutput([ScheduledRequest(a, 64, 0, []), ScheduledRequest(b, 1, 22, [])])
+    assert StepShape.from_plan(plan) == StepShape.from_lens([64, 1], [0, 22], [False, True])
+
+
+def test_hardware_profiles_resolve_and_round_trip(tmp_path):
+    assert resolve_hardware("h100") is H100
+    assert resolve_hardware("H100").name == "H100-SXM"
+    p = resolve_hardware({"preset": "a100", "linear_efficiency": 0.5})
+    assert p.linear_efficiency == 0.5 and p.matmul_flops == PRESETS["a100"].matmul_flops
+    path = p.save(tmp_path / "prof.json")
+    assert HardwareProfile.load(path) == p
+    assert resolve_hardware(str(path)) == p
+    assert resolve_hardware({"path": str(path), "step_overhead": 0.0}).step_overhead == 0.0
+    assert json.loads(path.read_text())["name"] == "A100-80GB-SXM"
+    with pytest.raises(ValueError, match="a100, h100, h200, cpu"):
+        resolve_hardware("tpu")
+    with pytest.raises(ValueError, match="unknown hardware fields"):
+        resolve_hardware({"preset": "h100", "flops": 1})
+
+
+def test_local_config_dir_gives_the_same_spec(llama_dir):
+    assert load_config_dir(llama_dir).spec == ModelSpec.from_pretrained(llama_dir)
+    assert resolve_model(llama_dir).spec.num_layers == 2
+    with pytest.raises(ValueError, match="llama3_8b"):
+        resolve_model("no_such_model")
+
+
+def test_nnls_matches_a_known_solution():
+    rng = np.random.default_rng(0)
+    a = rng.random((30, 4))
+    x = np.array([0.5, 0.0, 2.0, 1.0])
+    got = nnls(a, a @ x)
+    assert np.allclose(got, x, atol=1e-8)
+    assert (nnls(a, -a @ x) >= 0).all()
+
+
+def _gpu_grid() -> list[StepShape]:
+    grid = [StepShape.from_lens([n], [0]) for n in (128, 512, 2048, 8192)]
+    grid += [StepShape.from_lens([n], [c]) for n, c in ((512, 7680), (256, 4096), (1024, 3072))]
+    grid += [StepShape.from_lens([1] * b, [c] * b)
+             for b in (1, 8, 32, 128, 256) for c in (128, 1024, 4096)]
+    grid += [StepShape.from_lens([1] * 64 + [512], [1000] * 64 + [0])]
+    return grid
+
+
+def test_calibration_recovers_known_factors_from_noisy_synthetic_timings():
+    truth = replace(H100, linear_efficiency=0.62, attention_efficiency=0.45,
+                    memory_efficiency=0.83, kv_efficiency=0.71, step_overhead=2e-3,
+                    seq_overhead=5e-6, prefill_overhead=3e-5)
+    grid = _gpu_grid()
+    model = CostModel(LLAMA8B, truth, 2)
+    rng = np.random.default_rng(1)
+    times = [model.step_time(s) * (1 + 0.02 * rng.standard_normal()) for s in grid]
+    fit = fit_profile(LLAMA8B, H100, grid, times, dtype_bytes=2)
+    got = fit.profile
+    for key in ("linear_efficiency", "attention_efficiency", "memory_efficiency",
+                "kv_efficiency"):
+        assert getattr(got, key) == pytest.approx(getattr(truth, key), rel=0.1), key
+    assert got.step_overhead == pytest.approx(truth.step_overhead, rel=0.25)
+    assert fit.mean_abs_error < 0.03

@@ -1,0 +1,121 @@
+"""Driving an engine with a workload: offline and online, queueing in TTFT, results and plots."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fakes import FakeExecutor
+
+from schedlab import registry
+from schedlab.config import EngineConfig
+from schedlab.driver import run_workload
+from schedlab.engine import Engine
+from schedlab.metrics import compute_metrics
+from schedlab.plots import write_plots
+from schedlab.request import RequestStatus
+from schedlab.results import collect_environment, format_table, write_results
+from schedlab.workload import WorkloadRequest, build_workload
+
+
+def real_engine(model_dir: str, **kw) -> Engine:
+    opts = dict(max_num_seqs=4, max_model_len=128, num_kv_blocks=64, block_size=16)
+    opts.update(kw)
+    return Engine(EngineConfig(model=model_dir, **opts))
+
+
+def fake_engine(monkeypatch, **kw) -> Engine:
+    """An engine over a model-free executor on a virtual clock (1 ms per step)."""
+    orig = registry.load
+    monkeypatch.setattr(registry, "load",
+                        lambda kind, name: FakeExecutor if kind == "executor" else orig(kind, name))
+    return Engine(EngineConfig(model="fake", **kw))
+
+
+def wl(n: int, prompt: int = 8, out: int = 4, arrivals: list[float] | None = None):
+    arrivals = arrivals or [0.0] * n
+    return [WorkloadRequest(list(range(2, 2 + prompt)), out, arrival_s=a) for a in arrivals]
+
+
+# ---- exact timelines on the virtual clock ----------------------------------------------
+def test_virtual_clock_online_ttft_counts_the_wait(monkeypatch):
+    eng = fake_engine(monkeypatch, max_num_seqs=1)
+    # b arrives while a runs and waits for its seat; c arrives after a long idle gap
+    run = run_workload(eng, wl(3, out=3, arrivals=[0.0, 0.0015, 1.0]))
+    a, b, c = run.requests
+    assert [r.status for r in run.requests] == [RequestStatus.FINISHED_LENGTH] * 3
+    assert a.metrics.token_times == pytest.approx([0.001, 0.002, 0.003])
+    assert b.metrics.arrival_time == pytest.approx(0.0015)
+    assert b.metrics.first_token_time == pytest.approx(0.004)
+    assert c.metrics.token_times == pytest.approx([1.001, 1.002, 1.003])
+    m = compute_metrics(run)
+    assert m["ttfts"] == pytest.approx([0.001, 0.0025, 0.001])
+    assert m["mean_queue_ms"] == pytest.approx(1.5 / 3)
+    assert run.duration_s == pytest.approx(1.003)
+
+
+def test_max_concurrency_caps_requests_in_flight(monkeypatch):
+    eng = fake_engine(monkeypatch, max_num_seqs=8)
+    run = run_workload(eng, wl(6, out=3), max_concurrency=2)
+    assert max(s.num_running + s.num_waiting for s in run.step_stats) <= 2
+    m = compute_metrics(run)
+    assert m["completed"] == 6 and m["max_concurrency"] == 2
+    # a held-back request's clock starts when a seat frees, as with vLLM bench
+    assert max(m["ttfts"]) == pytest.approx(0.001)
+
+
+def test_unrunnable_request_is_rejected_and_the_rest_complete(monkeypatch):
+    eng = fake_engine(monkeypatch, max_num_seqs=4, max_model_len=64)
+    work = wl(3) + [WorkloadRequest(list(range(2, 102)), 4)]
+    run = run_workload(eng, work)
+    assert run.requests[3].status is RequestStatus.REJECTED
+    assert "max_model_len" in run.requests[3].reject_reason
+    m = compute_metrics(run)
+    assert (m["completed"], m["num_rejected"]) == (3, 1)
+
+
+# ---- the real tiny model on the wall clock ---------------------------------------------
+def test_offline_run_on_real_model(llama_dir):
+    eng = real_engine(llama_dir, max_num_seqs=2)
+    spec = {"type": "synthetic", "num_requests": 5, "input_len": {"dist": "uniform", "min": 8,
+            "max": 24}, "output_len": 6}
+    work = build_workload(spec, eng.model_spec.vocab_size, seed=0)
+    run = run_workload(eng, work)
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in run.requests)
+    assert [r.num_output_tokens for r in run.requests] == [6] * 5
+    assert [r.prompt_token_ids for r in run.requests] == [w.prompt_token_ids for w in work]
+    m = compute_metrics(run)
+    # two seats for five requests arriving together: a later request's TTFT includes waiting
+    # for an earlier one to finish
+    assert m["ttfts"][4] >= m["e2els"][0]
+    assert m["mean_queue_ms"] > 0
+    assert run.step_stats and run.duration_s > 0
+
+
+def test_online_poisson_run_writes_results_and_plots(llama_dir, tmp_path):
+    eng = real_engine(llama_dir)
+    spec = {"type": "synthetic", "num_requests": 6, "input_len": 12, "output_len": 4,
+            "arrival": {"process": "poisson", "rate": 200.0}}
+    work = build_workload(spec, eng.model_spec.vocab_size, seed=1)
+    run = run_workload(eng, work, progress=True)
+    assert all(r.is_finished and r.num_output_tokens == 4 for r in run.requests)
+    for r, w in zip(run.requests, work, strict=True):
+        assert r.metrics.arrival_time - run.start_time == pytest.approx(w.arrival_s)
+        assert r.metrics.first_scheduled_time >= r.metrics.arrival_time
+    m = compute_metrics(run, slo={"ttft": 60_000})
+    path = write_results(tmp_path, m, {"scheduler": {"name": "continuous"}},
+                         collect_environment())
+    doc = json.loads(path.read_text())
+    for key in ("completed", "duration", "request_throughput", "output_throughput",
+                "total_token_throughput", "mean_ttft_ms", "median_tpot_ms", "p99_itl_ms",
+                "std_e2el_ms", "ttfts", "itls", "input_lens", "output_lens"):
+        assert key in doc, key
+    assert doc["completed"] == 6 and doc["request_goodput"] > 0
+    assert doc["config"]["scheduler"]["name"] == "continuous"
+    assert doc["environment"]["torch"] and doc["environment"]["python"]
+    pngs = write_plots(tmp_path, run, m)
+    assert len(pngs) == 2
+    for p in pngs:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = format_table(m)
+    assert "Successful requests:" in table and "Mean TPOT (ms):" in table

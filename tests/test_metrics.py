@@ -1,0 +1,136 @@
+"""Metric definitions (vLLM's `bench serve`) against hand-computed values on a made-up timeline."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedlab.driver import RunResult
+from schedlab.metrics import compute_metrics, parse_slo
+from schedlab.request import Request, RequestStatus, SamplingParams
+from schedlab.stats import StepStats
+
+
+def _request(rid: str, prompt_len: int, arrival: float, scheduled: float | None,
+             token_times: list[float], status: RequestStatus = RequestStatus.FINISHED_LENGTH,
+             reason: str | None = None) -> Request:
+    r = Request(rid, list(range(2, 2 + prompt_len)), SamplingParams(max_tokens=8),
+                arrival_time=arrival)
+    r.status = status
+    r.finish_reason = status.value
+    r.reject_reason = reason
+    r.output_token_ids = [7] * len(token_times)
+    m = r.metrics
+    m.first_scheduled_time = scheduled
+    m.token_times = list(token_times)
+    m.first_token_time = token_times[0] if token_times else None
+    m.finished_time = token_times[-1] if token_times else arrival
+    return r
+
+
+def _step(i: int, seqs: int, reserved: int, used: int, blocks: int) -> StepStats:
+    return StepStats(step=i, time=float(i), step_time=0.01, num_running=seqs, num_waiting=0,
+                     num_scheduled_tokens=seqs * 2, num_prefill_tokens=0, num_decode_tokens=seqs,
+                     num_scheduled_seqs=seqs, num_preempted=0, kv_used_blocks=blocks,
+                     kv_free_blocks=10 - blocks, kv_cached_blocks=0,
+                     kv_reserved_tokens=reserved, kv_used_tokens=used)
+
+
+@pytest.fixture
+def run() -> RunResult:
+    reqs = [
+        # TTFT 0.5, E2EL 1.0, TPOT 0.5 / 2 = 0.25, ITLs 0.2 and 0.3, queued 0.1
+        _request("a", 4, 0.0, 0.1, [0.5, 0.7, 1.0]),
+        # one output token: TTFT 0.2 = E2EL, no TPOT, no ITL
+        _request("b", 2, 1.0, 1.0, [1.2]),
+        # TTFT 0.3, E2EL 0.4, TPOT 0.1, ITL 0.1, queued 0.1
+        _request("c", 3, 0.5, 0.6, [0.8, 0.9]),
+        # rejected: counted, never timed
+        _request("d", 100, 0.2, None, [], RequestStatus.REJECTED, "prompt too long"),
+    ]
+    steps = [_step(1, 3, reserved=16, used=12, blocks=4), _step(2, 1, reserved=8, used=8,
+                                                                blocks=2)]
+    return RunResult(requests=reqs, duration_s=2.0, step_stats=steps, num_preemptions=1,
+                     prefix_hit_rate=0.25, num_kv_blocks=10, block_size=4)
+
+
+def test_counts_and_throughput(run):
+    m = compute_metrics(run)
+    assert m["completed"] == 3
+    assert m["num_rejected"] == 1
+    assert m["total_input_tokens"] == 4 + 2 + 3
+    assert m["total_output_tokens"] == 3 + 1 + 2
+    assert m["duration"] == 2.0
+    assert m["request_throughput"] == pytest.approx(1.5)
+    assert m["output_throughput"] == pytest.approx(3.0)
+    assert m["total_token_throughput"] == pytest.approx(7.5)
+    assert m["request_goodput"] is None  # no SLO given
+    assert m["errors"] == ["prompt too long"]
+
+
+def test_latencies_follow_vllm_definitions(run):
+    m = compute_metrics(run, percentiles=(50, 99))
+    assert m["mean_ttft_ms"] == pytest.approx(1000 / 3)
+    assert m["median_ttft_ms"] == pytest.approx(300)
+    assert m["p99_ttft_ms"] == pytest.approx(300 + 0.98 * 200)
+    # TPOT only over requests with more than one output token
+    assert m["mean_tpot_ms"] == pytest.approx(175)
+    assert m["median_tpot_ms"] == pytest.approx(175)
+    assert m["std_tpot_ms"] == pytest.approx(75)
+    # ITL pooled over every gap: 200, 300, 100
+    assert m["mean_itl_ms"] == pytest.approx(200)
+    assert m["p99_itl_ms"] == pytest.approx(200 + 0.98 * 100)
+    assert m["p50_itl_ms"] == pytest.approx(200)
+    assert m["mean_e2el_ms"] == pytest.approx(1600 / 3)
+    assert m["median_e2el_ms"] == pytest.approx(400)
+    assert m["mean_queue_ms"] == pytest.approx(200 / 3)
+    assert "p90_ttft_ms" not in m
+
+
+def test_per_request_arrays(run):
+    m = compute_metrics(run)
+    assert m["ttfts"] == pytest.approx([0.5, 0.2, 0.3])
+    assert m["e2els"] == pytest.approx([1.0, 0.2, 0.4])
+    assert m["tpots"][0] == pytest.approx(0.25) and m["tpots"][1] is None
+    assert [len(x) for x in m["itls"]] == [2, 0, 1]
+    assert m["input_lens"] == [4, 2, 3] and m["output_lens"] == [3, 1, 2]
+
+
+@pytest.mark.parametrize("slo,good", [
+    ({"ttft": 400}, 2),  # a (500 ms) misses
+    ({"tpot": 200}, 2),  # a (250 ms) misses; b's one token counts as TPOT 0
+    ({"ttft": 400, "tpot": 50}, 1),  # only b
+    ({"e2el": 300}, 1),
+    ({"ttft": 10_000, "tpot": 10_000, "e2el": 10_000}, 3),  # the rejected one never counts
+])
+def test_goodput(run, slo, good):
+    m = compute_metrics(run, slo=slo)
+    assert m["request_goodput"] == pytest.approx(good / 2.0)
+
+
+def test_engine_metrics(run):
+    m = compute_metrics(run)
+    assert m["num_preemptions"] == 1
+    assert m["prefix_cache_hit_rate"] == 0.25
+    assert m["peak_kv_usage_pct"] == pytest.approx(40.0)
+    assert m["kv_waste_pct"] == pytest.approx(100 * (1 - 20 / 24))
+    assert m["mean_batch_size"] == pytest.approx(2.0)
+    assert m["mean_tokens_per_step"] == pytest.approx(4.0)
+    assert m["max_concurrent_requests"] == 3
+
+
+def test_all_rejected_reports_zeros():
+    r = _request("x", 5, 0.0, None, [], RequestStatus.REJECTED, "too long")
+    m = compute_metrics(RunResult([r], 0.0, [], 0, 0.0), slo={"ttft": 1})
+    assert m["completed"] == 0 and m["num_rejected"] == 1
+    assert m["mean_ttft_ms"] == 0.0 and m["request_throughput"] == 0.0
+
+
+def test_parse_slo():
+    assert parse_slo("ttft=200,tpot=50") == {"ttft": 200.0, "tpot": 50.0}
+    assert parse_slo("ttft:200 e2el:1500") == {"ttft": 200.0, "e2el": 1500.0}
+    with pytest.raises(ValueError, match="accepted: ttft, tpot, e2el"):
+        parse_slo("latency=3")
+    with pytest.raises(ValueError, match="positive"):
+        parse_slo("ttft=0")
+    with pytest.raises(ValueError, match="key=milliseconds"):
+        parse_slo("ttft")

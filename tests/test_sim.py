@@ -1,0 +1,153 @@
+"""The simulated executor: same engine, same plugins, a cost model on a virtual clock."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from schedlab import registry
+from schedlab.config import ConfigError, EngineConfig
+from schedlab.costmodel import CostModel, StepShape
+from schedlab.driver import run_workload
+from schedlab.engine import Engine
+from schedlab.hardware import PRESETS
+from schedlab.request import RequestStatus
+from schedlab.workload import build_workload
+
+SIM_H100 = dict(executor="sim", executor_options={"hardware": "h100"})
+WORKLOAD = {
+    "type": "synthetic",
+    "num_requests": 300,
+    "input_len": {"dist": "uniform", "min": 64, "max": 2048},
+    "output_len": {"dist": "uniform", "min": 16, "max": 512},
+    "arrival": {"process": "poisson", "rate": 20.0},
+}
+
+
+def _sim_run(seed: int = 0, **kw):
+    engine = Engine(EngineConfig(model="llama3_8b", **SIM_H100, **kw))
+    work = build_workload(WORKLOAD, engine.model_spec.vocab_size, seed=seed)
+    return engine, work, run_workload(engine, work)
+
+
+def test_sim_run_is_deterministic_and_finishes_every_request():
+    engine, work, run = _sim_run()
+    _, _, again = _sim_run()
+    times = [r.metrics.token_times for r in run.requests]
+    assert times == [r.metrics.token_times for r in again.requests]
+    assert run.duration_s == again.duration_s > 0
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in run.requests)
+    assert [r.num_output_tokens for r in run.requests] == [w.max_tokens for w in work]
+    eos = set(engine.model_spec.eos_token_ids)
+    assert not any(t in eos for r in run.requests for t in r.output_token_ids)
+    _, _, other = _sim_run(seed=1)
+    assert [r.metrics.token_times for r in other.requests] != times
+
+
+def test_time_advances_only_by_the_cost_model():
+    engine = Engine(EngineConfig(model="llama3_8b", **SIM_H100))
+    cost = CostModel(engine.model_spec, PRESETS["h100"], dtype_bytes=2)
+    predicted: list[float] = []
+    orig = engine.executor.execute
+
+    def spy(plan):
+        predicted.append(cost.step_time(StepShape.from_plan(plan)))
+        return orig(plan)
+
+    engine.executor.execute = spy
+    spec = dict(WORKLOAD, num_requests=50, arrival={"process": "offline"})
+    run = run_workload(engine, build_workload(spec, engine.model_spec.vocab_size, seed=0))
+    steps = [s.step_time for s in run.step_stats]
+    assert steps == predicted
+    # offline: no idle time, so the clock is exactly the sum of the predicted steps
+    assert engine.clock.now() == pytest.approx(sum(predicted), rel=1e-12)
+    assert run.duration_s == pytest.approx(sum(predicted), rel=1e-12)
+
+
+def test_same_plans_as_the_real_executor(llama_dir):
+    """Offline, the schedule does not depend on time: both executors see the same plans."""
+    common = dict(model=llama_dir, max_model_len=256, num_kv_blocks=24, block_size=8,
+                  max_num_seqs=6)
+    spec = {"type": "synthetic", "num_requests": 12, "input_len": {"dist": "uniform", "min": 8,
+            "max": 64}, "output_len": {"dist": "uniform", "min": 4, "max": 24}}
+    runs = {}
+    for name, opts in (("torch", {}), ("sim", {"hardware": "h100"})):
+        engine = Engine(EngineConfig(executor=name, executor_options=opts, **common))
+        runs[name] = run_workload(engine, build_workload(spec, engine.model_spec.vocab_size, 3))
+    plan = [(s.num_scheduled_seqs, s.num_prefill_tokens, s.num_decode_tokens, s.num_preempted)
+            for s in runs["torch"].step_stats]
+    assert plan == [(s.num_scheduled_seqs, s.num_prefill_tokens, s.num_decode_tokens,
+                     s.num_preempted) for s in runs["sim"].step_stats]
+    assert runs["sim"].num_preemptions == runs["torch"].num_preemptions > 0
+    assert ([r.num_output_tokens for r in runs["sim"].requests]
+            == [r.num_output_tokens for r in runs["torch"].requests])
+
+
+@pytest.fixture
+def fake_plugin(tmp_path, monkeypatch):
+    """A third-party scheduler installed as a distribution with entry points."""
+    (tmp_path / "fake_sched_plugin.py").write_text(textwrap.dedent("""
+        from schedlab.plugins.schedulers.continuous import ContinuousScheduler
+
+        class CountingScheduler(ContinuousScheduler):
+            instances = []
+
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.num_plans = 0
+                CountingScheduler.instances.append(self)
+
+            def schedule(self):
+                self.num_plans += 1
+                return super().schedule()
+    """))
+    info = tmp_path / "fake_plugin-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-plugin\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(
+        "[schedlab.schedulers]\ncounting = fake_sched_plugin:CountingScheduler\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.refresh()
+    yield
+    monkeypatch.undo()
+    registry.refresh()
+
+
+def test_third_party_scheduler_runs_under_sim_unchanged(fake_plugin):
+    assert "counting" in registry.available("scheduler")
+    engine, work, run = _sim_run(scheduler="counting")
+    sched = engine.scheduler
+    assert type(sched).__name__ == "CountingScheduler" and sched.num_plans >= len(run.step_stats)
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in run.requests)
+    _, _, builtin = _sim_run()  # the subclass changes nothing: same token times
+    assert ([r.metrics.token_times for r in run.requests]
+            == [r.metrics.token_times for r in builtin.requests])
+
+
+def test_kv_pool_is_what_the_weights_leave():
+    engine = Engine(EngineConfig(model="llama3_8b", **SIM_H100))
+    left = PRESETS["h100"].memory_capacity * 0.9 - engine.executor.weight_bytes()
+    assert engine.num_kv_blocks == int(left // engine.kv_spec.bytes_per_block)
+    assert engine.kv_spec.bytes_per_token == 2 * 32 * 8 * 128 * 2  # bf16
+    with pytest.raises(ConfigError, match="raise tp"):
+        Engine(EngineConfig(model="llama3_70b", **SIM_H100))
+    big = Engine(EngineConfig(model="llama3_70b", executor="sim",
+                              executor_options={"hardware": "h100", "tp": 4}))
+    assert big.num_kv_blocks > 0
+
+
+def test_options_and_bad_values():
+    eng = Engine(EngineConfig(model="qwen2_5_7b", executor="sim", executor_options={
+        "hardware": {"preset": "h200", "step_overhead": 0.0}, "linear_efficiency": 0.5}))
+    hw = eng.executor.hardware
+    assert (hw.name, hw.step_overhead, hw.linear_efficiency) == ("H200-SXM", 0.0, 0.5)
+    with pytest.raises(ConfigError, match="h100"):
+        Engine(EngineConfig(model="llama3_8b", executor="sim",
+                            executor_options={"hardware": "h1000"}))
+    with pytest.raises(ConfigError, match="llama3_8b"):
+        Engine(EngineConfig(model="llama-9000", executor="sim",
+                            executor_options={"hardware": "h100"}))
+    with pytest.raises(ConfigError, match="not_an_option"):
+        Engine(EngineConfig(model="llama3_8b", executor="sim",
+                            executor_options={"hardware": "h100", "not_an_option": 1}))

@@ -1,0 +1,230 @@
+"""Workload generators and trace loaders: lengths, arrivals, determinism, error messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from schedlab.traces import text_to_token_ids
+from schedlab.workload import WorkloadError, build_workload
+
+DATA = Path(__file__).parent / "data"
+VOCAB = 512
+
+
+def synth(n: int = 200, **kw) -> dict:
+    spec = {"type": "synthetic", "num_requests": n, "input_len": 16, "output_len": 8}
+    spec.update(kw)
+    return spec
+
+
+# ---- synthetic lengths -----------------------------------------------------------------
+def test_fixed_lengths_and_token_range():
+    wl = build_workload(synth(50, input_len={"dist": "fixed", "value": 20}, output_len=7), VOCAB)
+    assert len(wl) == 50
+    assert {len(r.prompt_token_ids) for r in wl} == {20}
+    assert {r.max_tokens for r in wl} == {7}
+    ids = np.concatenate([r.prompt_token_ids for r in wl])
+    assert ids.min() >= 2 and ids.max() < VOCAB  # special ids 0/1 avoided
+    assert all(r.arrival_s == 0.0 for r in wl)  # offline by default
+    assert all(r.expected_output_len == r.max_tokens for r in wl)
+
+
+@pytest.mark.parametrize("dist,mean", [
+    ({"dist": "uniform", "min": 10, "max": 30}, 20),
+    ({"dist": "uniform", "mean": 100, "range_ratio": 0.5}, 100),
+    ({"dist": "normal", "mean": 64, "std": 8, "min": 40, "max": 90}, 64),
+    ({"dist": "lognormal", "mean": 50, "sigma": 0.5, "min": 1, "max": 10_000}, 50),
+])
+def test_length_distributions_match_parameters(dist, mean):
+    wl = build_workload(synth(4000, input_len=dist), VOCAB, seed=3)
+    lens = np.array([len(r.prompt_token_ids) for r in wl])
+    assert abs(lens.mean() - mean) / mean < 0.03
+    lo = dist.get("min", mean * (1 - dist.get("range_ratio", 1)))
+    hi = dist.get("max", mean * (1 + dist.get("range_ratio", 1)))
+    assert lens.min() >= lo and lens.max() <= hi
+
+
+def test_zipf_is_bounded_and_favours_short_lengths():
+    wl = build_workload(synth(3000, output_len={"dist": "zipf", "alpha": 1.5, "min": 4,
+                                                "max": 64}), VOCAB, seed=1)
+    lens = np.array([r.max_tokens for r in wl])
+    assert lens.min() >= 4 and lens.max() <= 64
+    counts = np.bincount(lens)
+    assert counts[4] > counts[5] > counts[8] > counts[30]
+
+
+def test_normal_clips_to_bounds():
+    wl = build_workload(synth(500, input_len={"dist": "normal", "mean": 10, "std": 50, "min": 5,
+                                              "max": 12}), VOCAB)
+    lens = [len(r.prompt_token_ids) for r in wl]
+    assert min(lens) == 5 and max(lens) == 12
+
+
+# ---- arrivals --------------------------------------------------------------------------
+def _gaps(wl) -> np.ndarray:
+    return np.diff([r.arrival_s for r in wl])
+
+
+def test_poisson_arrivals_have_the_requested_rate():
+    wl = build_workload(synth(20_000, arrival={"process": "poisson", "rate": 10.0}), VOCAB)
+    gaps = _gaps(wl)
+    assert wl[0].arrival_s == 0.0 and (gaps >= 0).all()
+    assert abs(1 / gaps.mean() - 10.0) < 0.3
+    assert abs(gaps.std() / gaps.mean() - 1.0) < 0.05  # exponential: CV 1
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 4.0])
+def test_gamma_burstiness_changes_variability_not_rate(burstiness):
+    spec = synth(20_000, arrival={"process": "gamma", "rate": 5.0, "burstiness": burstiness})
+    gaps = _gaps(build_workload(spec, VOCAB, seed=7))
+    assert abs(1 / gaps.mean() - 5.0) / 5.0 < 0.05
+    cv = gaps.std() / gaps.mean()
+    assert abs(cv - 1 / np.sqrt(burstiness)) / (1 / np.sqrt(burstiness)) < 0.08
+
+
+def test_infinite_rate_is_offline():
+    wl = build_workload(synth(10, arrival={"process": "poisson", "rate": "inf"}), VOCAB)
+    assert all(r.arrival_s == 0.0 for r in wl)
+
+
+def test_same_seed_same_workload():
+    spec = synth(30, input_len={"dist": "uniform", "min": 4, "max": 40},
+                 arrival={"process": "gamma", "rate": 3, "burstiness": 0.5})
+    a, b = build_workload(spec, VOCAB, seed=11), build_workload(spec, VOCAB, seed=11)
+    assert a == b
+    assert a != build_workload(spec, VOCAB, seed=12)
+
+
+# ---- shared prefix ---------------------------------------------------------------------
+def test_shared_prefix_groups_share_exactly_the_prefix():
+    spec = {"type": "shared_prefix", "num_requests": 40, "num_groups": 4, "prefix_len": 32,
+            "input_len": {"dist": "uniform", "min": 8, "max": 16}, "output_len": 4}
+    wl = build_workload(spec, VOCAB, seed=5)
+    prefixes = {tuple(r.prompt_token_ids[:32]) for r in wl}
+    assert len(prefixes) == 4
+    for p in prefixes:
+        members = [r for r in wl if tuple(r.prompt_token_ids[:32]) == p]
+        assert len(members) == 10
+    for r in wl:
+        assert 32 + 8 <= len(r.prompt_token_ids) <= 32 + 16
+
+
+# ---- bad specs -------------------------------------------------------------------------
+@pytest.mark.parametrize("spec,words", [
+    ({"type": "replay", "num_requests": 1}, ["workload.type", "synthetic", "shared_prefix"]),
+    (synth(input_len={"dist": "pareto"}), ["workload.input_len.dist", "lognormal", "zipf"]),
+    (synth(arrival={"process": "hawkes", "rate": 1}), ["workload.arrival.process", "poisson"]),
+    (synth(arrival={"process": "poisson"}), ["workload.arrival.rate"]),
+    ({"type": "synthetic", "input_len": 4, "output_len": 4}, ["workload.num_requests"]),
+    (synth(input_len={"dist": "uniform", "min": 9, "max": 3}), ["workload.input_len", "min"]),
+    ({"type": "trace", "format": "csv", "path": "x"}, ["workload.format", "sharegpt", "azure"]),
+    ({"type": "trace", "format": "azure", "path": "/no/such.csv"}, ["not found", "such.csv"]),
+])
+def test_bad_spec_names_the_key_and_accepted_values(spec, words):
+    with pytest.raises(WorkloadError) as e:
+        build_workload(spec, VOCAB)
+    for w in words:
+        assert w in str(e.value)
+
+
+# ---- trace files -----------------------------------------------------------------------
+def trace(fmt: str, name: str, **kw) -> dict:
+    return {"type": "trace", "format": fmt, "path": str(DATA / name), **kw}
+
+
+def test_sharegpt_uses_first_two_turns_and_skips_unanswered():
+    wl = build_workload(trace("sharegpt", "sharegpt_sample.json"), VOCAB)
+    assert len(wl) == 3  # the entry with one turn is skipped
+    assert wl[0].prompt_token_ids == text_to_token_ids("What is paged attention?", VOCAB)
+    reply = "Requests join and leave the batch at every step."
+    assert wl[1].max_tokens == len(text_to_token_ids(reply, VOCAB))
+    assert all(r.arrival_s == 0.0 for r in wl)
+    online = build_workload(trace("sharegpt", "sharegpt_sample.json",
+                                  arrival={"process": "poisson", "rate": 2.0}), VOCAB)
+    assert online[0].arrival_s == 0.0 and online[-1].arrival_s > 0
+
+
+def test_text_tokens_are_deterministic_and_in_range():
+    ids = text_to_token_ids("Paged attention, again!", 100)
+    assert ids == text_to_token_ids("Paged attention, again!", 100)
+    assert all(2 <= t < 100 for t in ids) and len(ids) >= 4
+
+
+def test_azure_trace_times_and_lengths():
+    wl = build_workload(trace("azure", "azure_sample.csv", time_scale=2.0), VOCAB)
+    # the row with 0 generated tokens cannot run and is skipped
+    assert [len(r.prompt_token_ids) for r in wl] == [374, 396, 91, 381]
+    assert [r.max_tokens for r in wl] == [44, 109, 12, 27]
+    assert [r.arrival_s for r in wl] == pytest.approx([0.0, 1.0, 4.0, 8.0])
+
+
+def test_burstgpt_trace_skips_failures_and_filters_model():
+    wl = build_workload(trace("burstgpt", "burstgpt_sample.csv"), VOCAB)
+    assert [r.max_tokens for r in wl] == [18, 276, 33, 140]
+    assert [r.arrival_s for r in wl] == pytest.approx([0.0, 41.0, 45.0, 56.5])
+    gpt4 = build_workload(trace("burstgpt", "burstgpt_sample.csv", model="GPT-4"), VOCAB)
+    assert [len(r.prompt_token_ids) for r in gpt4] == [417, 96]
+    assert gpt4[0].arrival_s == 0.0
+
+
+def test_jsonl_trace_counts_ids_and_text():
+    wl = build_workload(trace("jsonl", "requests_sample.jsonl"), VOCAB)
+    assert [len(r.prompt_token_ids) for r in wl[:2]] == [12, 5]
+    assert wl[1].prompt_token_ids == [2, 3, 4, 5, 6]
+    assert wl[2].prompt_token_ids == text_to_token_ids(
+        "The quick brown fox jumps over the lazy dog.", VOCAB)
+    assert [r.max_tokens for r in wl] == [5, 3, 7]
+    assert [r.arrival_s for r in wl] == [0.0, 0.25, 1.0]
+    assert [r.priority for r in wl] == [0, 2, 0]
+
+
+def test_priority_levels():
+    wl = build_workload(synth(300, priority_levels=3), VOCAB)
+    assert {r.priority for r in wl} == {0, 1, 2}
+    assert {r.priority for r in build_workload(synth(10), VOCAB)} == {0}
+
+
+def test_trace_row_limits_and_output_override():
+    wl = build_workload(trace("azure", "azure_sample.csv", max_rows=2), VOCAB)
+    assert len(wl) == 2
+    wl = build_workload(trace("burstgpt", "burstgpt_sample.csv", num_requests=3,
+                              output_len=16), VOCAB)
+    assert [r.max_tokens for r in wl] == [16, 16, 16]
+    offline = build_workload(trace("azure", "azure_sample.csv", arrival={"process": "offline"}),
+                             VOCAB)
+    assert all(r.arrival_s == 0.0 for r in offline)
+
+
+@pytest.mark.parametrize("fmt,name,text,line,words", [
+    ("azure", "bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+     "2023-11-16 18:15:46.68,374,44\n2023-11-16 18:15:47.18,lots,9\n", 3, ["ContextTokens"]),
+    ("azure", "bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+     "2023-11-16 18:15:46.68,374,44\nyesterday,1,9\n", 3, ["TIMESTAMP", "timestamp"]),
+    ("azure", "bad.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,374\n", 1,
+     ["GeneratedTokens"]),
+    ("burstgpt", "bad.csv", "Timestamp,Model,Request tokens,Response tokens\n"
+     "1,ChatGPT,10,5\n2,ChatGPT,10\n", 3, ["fields"]),
+    ("jsonl", "bad.jsonl", '{"prompt_tokens": 3, "output_tokens": 2}\n{"prompt_tokens": 3,\n',
+     2, ["invalid JSON"]),
+    ("jsonl", "bad.jsonl", '{"prompt_tokens": 3, "output_tokens": 2}\n\n'
+     '{"prompt_tokens": 3}\n', 3, ["output_tokens"]),
+    ("jsonl", "bad.jsonl", '{"prompt_tokens": [1, 99999], "output_tokens": 2}\n', 1,
+     ["prompt_tokens"]),
+    ("sharegpt", "bad.json", '[\n  {"conversations": [{"from": "human", "value": "hi"},\n'
+     '    {"from": "gpt", "value": "yo"}]},\n  {"id": "no-conv"}\n]\n', 4, ["conversations"]),
+    ("sharegpt", "bad.json", '[\n  {"conversations": []},\n  {"conversations": [}\n]\n', 3,
+     ["invalid JSON"]),
+], ids=["azure-count", "azure-timestamp", "azure-column", "burstgpt-fields", "jsonl-json",
+        "jsonl-output", "jsonl-ids", "sharegpt-entry", "sharegpt-json"])
+def test_malformed_trace_names_file_and_line(tmp_path, fmt, name, text, line, words):
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(WorkloadError) as e:
+        build_workload({"type": "trace", "format": fmt, "path": str(p)}, VOCAB)
+    msg = str(e.value)
+    assert name in msg and f"line {line}" in msg, msg
+    for w in words:
+        assert w in msg, msg
