@@ -26,6 +26,7 @@ from schedlab.hardware import probe_cpu
 #: (query lengths, cached tokens before them), one entry per sequence
 Shape = tuple[tuple[int, ...], tuple[int, ...]]
 
+
 class CPUTimeClock(Clock):
     """Engine time that runs only while this thread computes; waits for arrivals jump.
 
@@ -68,6 +69,9 @@ def default_grid(max_len: int = 1024) -> list[Shape]:
     grid.append(((64, 64, 64, 64), (0, 0, 0, 0)))
     grid.append(((256,) * 4, (0,) * 4))
     grid.append(((512, 384, 256, 128, 64, 32), (0,) * 6))
+    grid.append(((512,) * 4, (0,) * 4))
+    grid.append(((160,) * 12, (0,) * 12))
+    grid.append(((1,) * 24 + (200,) * 6, (300,) * 24 + (0,) * 6))
     for b in (1, 4, 16, 48):
         for ctx in (64, 256, 768):
             grid.append(((1,) * b, (ctx,) * b))
@@ -175,7 +179,10 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
 
     spec = load_config_dir(model_dir).spec
     grid = list(grid or default_grid(spec.max_position_embeddings))
-    base = replace(probe_cpu(), name=f"cpu-calibrated-{Path(model_dir).name}")
+    # NOTE: the torch executor's default backend (sdpa) pads decode batches to the longest
+    # context; the fit, and the simulator using its profile, count K/V reads the same way.
+    base = replace(probe_cpu(), name=f"cpu-calibrated-{Path(model_dir).name}",
+                   padded_decode_attention=True)
     t0 = time.perf_counter()
     times = measure_torch(model_dir, grid, repeats, clock=clock)
     fit = fit_profile(spec, base, [shape_of(e) for e in grid], times, dtype_bytes=4)

@@ -27,6 +27,8 @@ class StepShape:
         attn_pairs: causal (query, key) pairs summed over sequences.
         kv_tokens: context tokens whose K/V is read, summed over sequences.
         num_swapped_blocks: KV blocks copied between host and device before the step.
+        padded_kv_tokens: `kv_tokens` when every decode reads up to the longest decode
+            context of the step (a padded batch, as the SDPA reference backend gathers).
     """
 
     num_tokens: int
@@ -36,31 +38,39 @@ class StepShape:
     attn_pairs: int
     kv_tokens: int
     num_swapped_blocks: int = 0
+    padded_kv_tokens: int = -1
 
     @classmethod
     def from_lens(cls, query_lens: Sequence[int], starts: Sequence[int],
                   sampled: Sequence[bool] | None = None) -> StepShape:
         """Sequences running `query_lens[i]` tokens after `starts[i]` cached ones."""
         pairs = sum(q * s + q * (q + 1) // 2 for q, s in zip(query_lens, starts, strict=True))
+        ctx = [q + s for q, s in zip(query_lens, starts, strict=True)]
+        dec = [c for q, c in zip(query_lens, ctx, strict=True) if q == 1]
         return cls(
             num_tokens=sum(query_lens),
             num_seqs=len(query_lens),
             num_prefills=sum(1 for q in query_lens if q > 1),
             num_sampled=len(query_lens) if sampled is None else sum(map(bool, sampled)),
             attn_pairs=pairs,
-            kv_tokens=sum(q + s for q, s in zip(query_lens, starts, strict=True)),
+            kv_tokens=sum(ctx),
+            padded_kv_tokens=sum(ctx) - sum(dec) + len(dec) * max(dec, default=0),
         )
 
     @classmethod
     def from_plan(cls, plan: SchedulerOutput, samples: list[bool] | None = None) -> StepShape:
         """The plan's shape; `samples`, if given, receives whether each request samples."""
-        tokens = prefills = sampled = pairs = kv = 0
+        tokens = prefills = sampled = pairs = kv = decodes = dec_kv = dec_max = 0
         for sr in plan.scheduled:
             q, s = sr.num_new_tokens, sr.start
             tokens += q
             kv += q + s
             if q == 1:
                 pairs += s + 1
+                decodes += 1
+                dec_kv += s + 1
+                if s >= dec_max:
+                    dec_max = s + 1
             else:
                 prefills += 1
                 pairs += q * s + q * (q + 1) // 2
@@ -69,7 +79,7 @@ class StepShape:
             if samples is not None:
                 samples.append(done)
         return cls(tokens, len(plan.scheduled), prefills, sampled, pairs, kv,
-                   len(plan.swap_in) + len(plan.swap_out))
+                   len(plan.swap_in) + len(plan.swap_out), kv - dec_kv + decodes * dec_max)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +159,14 @@ class CostModel:
             nbytes = shape.num_swapped_blocks * block_size * self.kv_bytes_per_token_total
             swap = nbytes / self.tp / hw.host_bandwidth
         sampled = shape.num_sampled
+        kv_tokens = shape.kv_tokens
+        if hw.padded_decode_attention and shape.padded_kv_tokens >= 0:
+            kv_tokens = shape.padded_kv_tokens
         return RawTerms(
             linear_compute=shape.num_tokens * self.linear_flops_per_token / flops,
             linear_memory=self.weight_bytes / bw if shape.num_tokens else 0.0,
             attention_compute=shape.attn_pairs * self.attn_flops_per_pair / flops,
-            attention_memory=shape.kv_tokens * self.kv_bytes_per_token / bw,
+            attention_memory=kv_tokens * self.kv_bytes_per_token / bw,
             logits_compute=sampled * self.logits_flops_per_row / flops,
             logits_memory=self.lm_head_bytes / bw if sampled else 0.0,
             allreduce=ar,

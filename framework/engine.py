@@ -221,6 +221,7 @@ class Engine:
         s = self.scheduler
         if not s.running and s.waiting:
             req = s.waiting.pop()
+            s.kv.free(req)  # a swapped-out request holds host slots
             req.status = RequestStatus.REJECTED
             req.finish_reason = RequestStatus.REJECTED.value
             req.reject_reason = (f"scheduler {self.config.scheduler!r} could not schedule it "

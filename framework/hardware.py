@@ -41,6 +41,9 @@ class HardwareProfile:
         seq_overhead: seconds per scheduled sequence.
         prefill_overhead: seconds per prefill chunk (sequences running more than one token).
         allreduce_latency: seconds per all-reduce (two per layer when tp > 1).
+        padded_decode_attention: decode attention reads every sequence's K/V up to the
+            step's longest context (a padded batch, like the SDPA reference backend) rather
+            than each its own (paged kernels).
     """
 
     name: str
@@ -60,6 +63,7 @@ class HardwareProfile:
     seq_overhead: float = 2e-6
     prefill_overhead: float = 1e-5
     allreduce_latency: float = 8e-6
+    padded_decode_attention: bool = False
 
     def __post_init__(self) -> None:
         for key in ("matmul_flops", "mem_bandwidth", "memory_capacity"):

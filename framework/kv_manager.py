@@ -84,7 +84,6 @@ class KVCacheManager:
         if prefix.block_ids:
             self.allocator.share(request, prefix.block_ids)
             request.num_computed_tokens = prefix.num_tokens
-            request.metrics.num_cached_tokens += prefix.num_tokens
             self._num_inserted[request.request_id] = len(prefix.block_ids)
         if self.prefix_cache is not None:
             need = self.allocator.blocks_needed(request, num_tokens)
@@ -95,9 +94,12 @@ class KVCacheManager:
         self.allocator.allocate(request, num_tokens)
 
     def record_lookup(self, request: Request, prefix: PrefixMatch) -> None:
-        """Count a request's first prefix lookup for the hit rate (in tokens)."""
+        """Count a request's first prefix lookup for the hit rate (in tokens), and set its
+        `metrics.num_cached_tokens` (vLLM: the prompt tokens found cached when first
+        scheduled; a re-admission after preemption reuses the cache too but is not counted)."""
         self.num_prefix_query_tokens += request.num_prompt_tokens
         self.num_prefix_hit_tokens += prefix.num_tokens
+        request.metrics.num_cached_tokens = prefix.num_tokens
 
     def cache_computed(self, request: Request) -> None:
         """Offer the request's newly completed full blocks to the prefix cache. Changes state."""

@@ -138,7 +138,9 @@ def test_multirun_grid_with_wandb(tmp_path, cache):
         assert run["history"] > 0, "no per-step series logged"
         assert {"running", "waiting", "scheduled_tokens", "kv_used_blocks",
                 "step_time_ms"} <= run["history_keys"]
-        assert "requests" in run["history_keys"], "no per-request table logged"
+        (table,) = d.glob("wandb/offline-run-*/files/media/table/requests_*.table.json")
+        table = json.loads(table.read_text())
+        assert len(table["data"]) == 6 and "input_lens" in table["columns"]
         groups.add(run["group"])
     assert combos == {(s, a) for s in ("static", "continuous") for a in ("paged", "contiguous")}
     assert len(groups) == 1 and groups != {""}, f"runs of one sweep must share a group: {groups}"

@@ -181,4 +181,3 @@ def test_slurm_launcher_config_composes():
                       return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
     assert cfg.hydra.launcher.partition == "gpu"
-    assert cfg.hydra.sweep.subdir == "${hydra.job.num}"

@@ -97,6 +97,14 @@ def test_step_shape_from_plan_matches_lengths():
     assert StepShape.from_plan(plan) == StepShape.from_lens([64, 1], [0, 22], [False, True])
 
 
+def test_padded_decode_attention_reads_up_to_the_longest_context():
+    shape = StepShape.from_lens([1, 1, 8], [99, 9, 0])
+    assert (shape.kv_tokens, shape.padded_kv_tokens) == (100 + 10 + 8, 2 * 100 + 8)
+    paged = CostModel(LLAMA8B, IDEAL, 2).raw_terms(shape)
+    padded = CostModel(LLAMA8B, replace(IDEAL, padded_decode_attention=True), 2).raw_terms(shape)
+    assert padded.attention_memory / paged.attention_memory == pytest.approx(208 / 118)
+
+
 def test_hardware_profiles_resolve_and_round_trip(tmp_path):
     assert resolve_hardware("h100") is H100
     assert resolve_hardware("H100").name == "H100-SXM"

@@ -86,8 +86,10 @@ def test_preemption_parity(model_dir, hf_reference, mode, cache):
               block_size=4, max_model_len=64, max_num_batched_tokens=64, num_kv_blocks=16,
               max_num_seqs=6)
     assert_parity(llm, model_dir, hf_reference, ps)
-    s = llm.engine.scheduler
+    s, kv = llm.engine.scheduler, llm.engine.kv
     assert s.num_preemptions > 0
+    cached = sum(r.metrics.num_cached_tokens for r in llm.engine.requests.values())
+    assert cached == kv.num_prefix_hit_tokens  # counted once per request, at first admission
     if mode == "swap":
         assert s.num_swaps > 0
         assert llm.engine.kv.num_free_host_blocks() == llm.engine.num_swap_blocks

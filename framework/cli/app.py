@@ -51,12 +51,11 @@ def execute(s: RunSettings) -> dict[str, Any]:
     """Run validated settings (see `run`)."""
     from schedlab.driver import run_workload
     from schedlab.engine import Engine
-    from schedlab.metrics import compute_metrics, parse_slo
+    from schedlab.metrics import compute_metrics
     from schedlab.results import collect_environment, format_table, write_results
     from schedlab.tracking import open_tracker
     from schedlab.workload import build_workload
 
-    slo = parse_slo(s.slo) if s.slo else None
     seed_everything(s.seed)
     s.model.prepare()
     try:
@@ -76,7 +75,7 @@ def execute(s: RunSettings) -> dict[str, Any]:
         result = run_workload(engine, workload, temperature=s.temperature,
                               ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
                               progress=s.progress)
-        metrics = compute_metrics(result, percentiles=s.percentiles, slo=slo)
+        metrics = compute_metrics(result, percentiles=s.percentiles, slo=s.slo)
         path = write_results(s.output_dir, metrics, s.config, collect_environment())
         summary = json.loads(path.read_text())  # W&B's summary = results.json's scalars
         if s.plots:

@@ -81,7 +81,7 @@ class RunSettings:
     max_concurrency: int | None = None
     progress: bool = True
     percentiles: tuple[float, ...] = (50, 90, 95, 99)
-    slo: str | None = None
+    slo: dict[str, float] | None = None
     plots: bool = True
     print_table: bool = True
     #: the resolved config (what results.json and W&B record)
@@ -178,11 +178,29 @@ def build_settings(cfg: DictConfig, group: str | None = None,
         max_concurrency=max_conc,
         progress=bool(driver.get("progress", True)),
         percentiles=tuple(pcts),
-        slo=metrics.get("slo"),
+        slo=_slo(metrics.get("slo")),
         plots=bool(c.get("plots", True)),
         print_table=bool(c.get("print_table", True)),
         config=c,
     )
+
+
+def _slo(value: Any) -> dict[str, float] | None:
+    """`metrics.slo`: null, a mapping {ttft: 200, tpot: 50} or a string 'ttft=200,tpot=50' (ms)."""
+    from schedlab.metrics import SLO_KEYS, parse_slo
+
+    if value is None:
+        return None
+    try:
+        if isinstance(value, Mapping):
+            slo = {str(k): float(v) for k, v in value.items()}
+            unknown = sorted(set(slo) - set(SLO_KEYS))
+            if unknown or not all(v > 0 for v in slo.values()):
+                raise ValueError(f"keys must be among {', '.join(SLO_KEYS)} with positive ms")
+            return slo
+        return parse_slo(str(value))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"metrics.slo={value!r}: {e}") from None
 
 
 def _model_source(c: dict[str, Any]) -> ModelSource:

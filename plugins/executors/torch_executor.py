@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
+import numpy as np
 import torch
 
 from schedlab import registry
@@ -109,48 +111,65 @@ class TorchExecutor(Executor):
         return ExecutorOutput(sampled, time.perf_counter() - t0)
 
     def prepare(self, plan: SchedulerOutput):
-        """Pack a plan into model inputs and attention metadata (decodes first)."""
+        """Pack a plan into model inputs and attention metadata.
+
+        Decodes come first, longest context first (so a backend that pads a group of decodes
+        to its longest pads little), then the prefill chunks in plan order. Index arithmetic
+        runs once per step in numpy over the whole batch; each tensor is made once.
+        """
         sched = plan.scheduled
-        order = sorted(range(len(sched)), key=lambda i: sched[i].num_new_tokens != 1)
+        decodes = [i for i, s in enumerate(sched) if s.num_new_tokens == 1]
+        decodes.sort(key=lambda i: -sched[i].start)
+        order = decodes + [i for i, s in enumerate(sched) if s.num_new_tokens != 1]
+        ordered = [sched[i] for i in order]
         tokens: list[int] = []
-        q_lens: list[int] = []
-        starts: list[int] = []
-        tables: list[list[int]] = []
-        for i in order:
-            s = sched[i]
+        for s in ordered:
             tokens.extend(s.request.token_slice(s.start, s.start + s.num_new_tokens))
-            q_lens.append(s.num_new_tokens)
-            starts.append(s.start)
-            tables.append(s.block_ids)
-        num_decodes = next((j for j, n in enumerate(q_lens) if n != 1), len(q_lens))
+        q_lens = [s.num_new_tokens for s in ordered]
+        starts = np.fromiter((s.start for s in ordered), np.int64, len(ordered))
+        q_lens_np = np.asarray(q_lens, dtype=np.int64)
+        bt = _padded_block_tables([s.block_ids for s in ordered])
         bs = self.backend.block_size
-        B, T = len(q_lens), len(tokens)
-        q_lens_t = torch.tensor(q_lens, dtype=torch.int64)
-        starts_t = torch.tensor(starts, dtype=torch.int64)
-        cu = torch.zeros(B + 1, dtype=torch.int64)
-        torch.cumsum(q_lens_t, 0, out=cu[1:])
-        seq_idx = torch.repeat_interleave(torch.arange(B), q_lens_t)
-        pos = starts_t[seq_idx] + torch.arange(T) - cu[:-1][seq_idx]
-        max_blocks = max(len(t) for t in tables)
-        bt = torch.zeros(B, max_blocks, dtype=torch.int64)
-        for j, t in enumerate(tables):
-            bt[j, : len(t)] = torch.tensor(t, dtype=torch.int64)
-        slots = bt[seq_idx, pos // bs] * bs + pos % bs
-        seq_lens = starts_t + q_lens_t
-        logits_idx = [int(cu[j + 1]) - 1 for j, i in enumerate(order) if sched[i].samples]
+        cu = np.zeros(len(ordered) + 1, dtype=np.int64)
+        np.cumsum(q_lens_np, out=cu[1:])
+        seq_lens = starts + q_lens_np
+        if len(decodes) == len(ordered):  # decode only: one token per sequence
+            pos = starts
+            slots = bt[np.arange(len(ordered)), pos // bs] * bs + pos % bs
+        else:
+            seq_idx = np.repeat(np.arange(len(ordered)), q_lens_np)
+            pos = starts[seq_idx] + np.arange(len(tokens)) - cu[:-1][seq_idx]
+            slots = bt[seq_idx, pos // bs] * bs + pos % bs
+        samples = np.fromiter((s.samples for s in ordered), np.bool_, len(ordered))
+        logits_idx = cu[1:][samples] - 1
         dev = self.device
+
+        def put(a: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            t = torch.from_numpy(a).to(dtype)
+            if dev.type == "cuda":
+                return t.pin_memory().to(dev, non_blocking=True)
+            return t.to(dev)
+
         meta = AttentionMetadata(
-            slot_mapping=slots.to(dev, non_blocking=True),
-            query_start_loc=cu.to(torch.int32).to(dev, non_blocking=True),
-            seq_lens=seq_lens.to(torch.int32).to(dev, non_blocking=True),
-            block_tables=bt.to(torch.int32).to(dev, non_blocking=True),
+            slot_mapping=put(slots),
+            query_start_loc=put(cu, torch.int32),
+            seq_lens=put(seq_lens, torch.int32),
+            block_tables=put(bt, torch.int32),
             query_lens=q_lens,
             seq_lens_host=seq_lens.tolist(),
-            num_decodes=num_decodes,
+            num_decodes=len(decodes),
             max_query_len=max(q_lens),
             max_seq_len=int(seq_lens.max()),
         )
-        input_ids = torch.tensor(tokens, dtype=torch.int64).to(dev, non_blocking=True)[None]
-        positions = pos.to(dev, non_blocking=True)[None]
-        logits_t = torch.tensor(logits_idx, dtype=torch.int64).to(dev, non_blocking=True)
-        return input_ids, positions, meta, logits_t, order
+        input_ids = put(np.asarray(tokens, dtype=np.int64))[None]
+        positions = put(np.ascontiguousarray(pos))[None]
+        return input_ids, positions, meta, put(logits_idx), order
+
+
+def _padded_block_tables(tables: list[list[int]]) -> np.ndarray:
+    """[B, longest] int64 block tables, each row padded with block 0."""
+    lens = np.fromiter(map(len, tables), np.int64, len(tables))
+    out = np.zeros((len(tables), int(lens.max())), dtype=np.int64)
+    out[np.arange(out.shape[1]) < lens[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(tables), np.int64, int(lens.sum()))
+    return out

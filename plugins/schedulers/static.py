@@ -2,24 +2,48 @@
 
 from __future__ import annotations
 
+from schedlab.request import RequestStatus
 from schedlab.scheduler import Scheduler, SchedulerOutput
 
 
 class StaticScheduler(Scheduler):
     """A batch is admitted together; no request joins until the whole batch has finished.
 
-    When nothing runs, the queue's head requests are admitted as one batch (up to
-    `max_num_seqs`, their prompts within the token budget and KV). The batch then decodes
-    until every member is done; finished members leave seats empty, as they did in static
-    serving systems. A member preempted for KV waits for the next batch.
+    When nothing runs, the queue's head requests form one batch (up to `max_num_seqs`, as
+    long as KV for their prompts fits). The batch's prompts are prefilled first, as many
+    whole prompts per step as the token budget allows, then the batch decodes in lockstep
+    until every member is done. Finished members leave their seats empty, as they did in
+    static serving systems; a member preempted for KV waits for the next batch.
     """
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         limit = self.config.max_num_batched_tokens
-        if self.running:
-            budget = self.schedule_running(out, limit)
+        if not self.running:
+            self._form_batch()
+        prefilling = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        if prefilling:
+            budget = limit
+            for req in prefilling:
+                n = req.num_tokens - req.num_computed_tokens
+                if n > budget:
+                    break
+                out.scheduled.append(self._plan(req, n, req.num_computed_tokens))
+                budget -= n
         else:
-            budget = self.admit_waiting(out, limit)
+            budget = self.schedule_running(out, limit)
         out.num_batched_tokens = limit - budget
         return out
+
+    def _form_batch(self) -> None:
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting.peek()
+            prefix = self.kv.match_prefix(req)
+            if not self.kv.can_allocate(req, req.num_tokens, prefix):
+                break
+            self.waiting.pop()
+            if req.metrics.first_scheduled_time is None:
+                self.kv.record_lookup(req, prefix)
+            self.kv.allocate(req, req.num_tokens, prefix)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)

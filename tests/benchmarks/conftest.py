@@ -1,0 +1,87 @@
+"""Fixtures of the micro-benchmarks: engines on a model-free executor (the framework alone)."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedlab import registry
+from schedlab.attention import KVCacheSpec
+from schedlab.config import EngineConfig
+from schedlab.engine import Engine
+from schedlab.executor import Executor, ExecutorOutput, VirtualClock
+from schedlab.model import ModelSpec
+from schedlab.request import SamplingParams
+from schedlab.scheduler import SchedulerOutput
+
+#: a Llama-150M-shaped spec: sizes the KV pool realistically, never runs
+BENCH_SPEC = ModelSpec(
+    architecture="BenchForCausalLM", num_layers=8, hidden_size=1024, num_heads=16,
+    num_kv_heads=4, head_dim=64, intermediate_size=2816, vocab_size=32000,
+    max_position_embeddings=4096, eos_token_ids=(0,),
+)
+
+
+class BenchExecutor(Executor):
+    """Deterministic tokens, no model and no per-step memory: the engine's own cost only."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        import torch
+
+        self.model_spec = BENCH_SPEC
+        self.clock = VirtualClock()
+        self.dtype = torch.float32
+
+    def kv_cache_spec(self, block_size: int) -> KVCacheSpec:
+        s = self.model_spec
+        return KVCacheSpec(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype, block_size)
+
+    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks = num_blocks
+
+    def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
+        out = [5 if s.samples else None for s in plan.scheduled]
+        self.clock.advance(1e-3)
+        return ExecutorOutput(out, 1e-3)
+
+
+def build_engine(scheduler: str, num_seqs: int, **kw) -> Engine:
+    """An engine over `BenchExecutor` (injected the way tests/test_contracts.py does)."""
+    orig = registry.load
+
+    def load(kind, name):
+        return BenchExecutor if kind == "executor" else orig(kind, name)
+
+    registry.load = load
+    try:
+        cfg = dict(model="bench", scheduler=scheduler, max_num_seqs=num_seqs,
+                   max_num_batched_tokens=max(8192, 64 * num_seqs), max_model_len=1024,
+                   num_kv_blocks=num_seqs * 64 + 16)
+        cfg.update(kw)
+        return Engine(EngineConfig(**cfg))
+    finally:
+        registry.load = orig
+
+
+def running_engine(scheduler: str, num_seqs: int, prompt_len: int = 64) -> Engine:
+    """An engine with `num_seqs` requests all past their prefill, decoding one token a step."""
+    eng = build_engine(scheduler, num_seqs)
+    for i in range(num_seqs):
+        eng.add_request([2 + (i + j) % 900 for j in range(prompt_len)],
+                        SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True))
+    while eng.scheduler.waiting or any(
+        r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.running
+    ):
+        eng.step()
+    assert len(eng.scheduler.running) == num_seqs
+    return eng
+
+
+def scheduler_names() -> list[str]:
+    return ["static", "continuous", "chunked_prefill"]
+
+
+def load_or_skip(kind: str, name: str):
+    try:
+        return registry.load(kind, name)
+    except registry.PluginError as e:
+        pytest.skip(f"{kind} {name!r} does not load: {e}")
