@@ -1,7 +1,7 @@
 """Experiment tracking: Weights & Biases, offline by default, or nothing at all.
 
 The command line builds a `TrackingConfig` and opens a tracker for one run:
-`log_step` receives the engine's `StepStats` (hooked into `Engine.step_callbacks`) and `finish`
+`log_step` receives the engine's `StepStats` (replayed after the run) and `finish`
 stores the run's metrics. `backend="none"` never imports wandb.
 """
 

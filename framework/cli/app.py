@@ -53,7 +53,6 @@ def execute(s: RunSettings) -> dict[str, Any]:
     from schedlab.engine import Engine
     from schedlab.metrics import compute_metrics
     from schedlab.results import collect_environment, format_table, write_results
-    from schedlab.tracking import open_tracker
     from schedlab.workload import build_workload
 
     seed_everything(s.seed)
@@ -67,8 +66,6 @@ def execute(s: RunSettings) -> dict[str, Any]:
     workload = build_workload(s.workload, engine.model_spec.vocab_size, seed=s.seed)
 
     s.output_dir.mkdir(parents=True, exist_ok=True)
-    tracker = open_tracker(s.tracking, s.output_dir, s.config)
-    engine.step_callbacks.append(tracker.log_step)
     metrics: dict[str, Any] = {}
     summary: dict[str, Any] = {}
     try:
@@ -83,15 +80,30 @@ def execute(s: RunSettings) -> dict[str, Any]:
 
             write_plots(s.output_dir, result, metrics)
     except BaseException:
-        tracker.finish(summary or metrics, failed=True)
+        _track(s, engine, summary or metrics, failed=True)
         raise
-    tracker.finish(summary)
+    tracker = _track(s, engine, summary)
     if s.print_table:
         print(format_table(metrics))
     print(f"results: {path}")
     if tracker.location:
         print(f"W&B run: {tracker.location}")
     return metrics
+
+
+def _track(s: RunSettings, engine, summary: dict[str, Any], failed: bool = False):
+    """Open the tracker, replay the per-step series and close it, after the run.
+
+    NOTE: W&B is opened only once the workload is done: its background service and a call
+    per step would compete with the engine for the CPU and inflate the latencies measured.
+    """
+    from schedlab.tracking import open_tracker
+
+    tracker = open_tracker(s.tracking, s.output_dir, s.config)
+    for stats in engine.step_stats:
+        tracker.log_step(stats)
+    tracker.finish(summary, failed=failed)
+    return tracker
 
 
 def seed_everything(seed: int) -> None:
