@@ -29,6 +29,14 @@ plus the LM head at sampled positions, plus causal attention) over this machine'
 matmul rate (a large `torch.mm`, measured in the same run before each round; the best round
 is the hardware's limit). For schedlab also the framework-time fraction: schedule + update
 (`Engine.step_stats[i].framework_time`) plus `TorchExecutor.prepare` over the wall time.
+
+The same ratios and roofline are also given in process CPU time (all threads): on a machine
+shared with other jobs, wall time swings by 2x from one minute to the next while CPU time at
+one thread barely moves, so the CPU-time columns are the steadier comparison.
+
+`--threads` (default 1) sets torch's intra-op threads for every engine alike. On a small
+machine shared with other processes one thread is the sensible choice: with two, every small
+op waits at an OpenMP barrier for a thread the OS has descheduled.
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ class RunResult:
     num_output_tokens: int
     framework_seconds: float | None = None
     num_steps: int | None = None
+    cpu_seconds: float = 0.0  # process CPU time (all threads), filled in by the round loop
     extra: dict = field(default_factory=dict)
 
     @property
@@ -99,18 +108,19 @@ def workload_flops(spec, wl: Workload) -> float:
     return flops
 
 
-def matmul_rate(n: int = 2048, reps: int = 6) -> float:
-    """float32 FLOP/s of a large torch.mm (median of `reps`)."""
+def matmul_rate(n: int = 2048, reps: int = 6) -> tuple[float, float]:
+    """float32 FLOP/s of a large torch.mm (median of `reps`): per wall second, per CPU second."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     c = torch.empty(n, n)
     for _ in range(2):
         torch.mm(a, b, out=c)
-    times = []
+    wall, cpu = [], []
     for _ in range(reps):
-        t = time.perf_counter()
+        t, tc = time.perf_counter(), time.process_time()
         torch.mm(a, b, out=c)
-        times.append(time.perf_counter() - t)
-    return 2.0 * n**3 / statistics.median(times)
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - tc)
+    return 2.0 * n**3 / statistics.median(wall), 2.0 * n**3 / statistics.median(cpu)
 
 
 # ---- schedlab ---------------------------------------------------------------------------------
@@ -273,7 +283,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--engines", default="schedlab,schedlab-chunked,hf-static,hf-cb",
                     help="comma-separated subset of the engines")
     ap.add_argument("--size", default="150m", help="schedlab.tiny size preset")
@@ -329,37 +339,48 @@ def main() -> None:
         r.run(warm)
 
     results: dict[str, list[RunResult]] = {r.name: [] for r in runners}
-    rates = []
+    rates: list[tuple[float, float]] = []
     for rnd in range(args.rounds):
         rates.append(matmul_rate())
         k = rnd % len(runners)
         for r in runners[k:] + runners[:k]:
+            cpu0 = time.process_time()
             res = r.run(wl)
+            res.cpu_seconds = time.process_time() - cpu0
             results[r.name].append(res)
             fw = (f" framework {100 * res.framework_seconds / res.seconds:.2f}% "
                   f"({res.num_steps} steps)" if res.framework_seconds is not None else "")
-            print(f"round {rnd} {r.name:17s} {res.seconds:7.2f}s {res.tok_per_s:7.2f} tok/s{fw}",
-                  flush=True)
+            print(f"round {rnd} {r.name:17s} {res.seconds:7.2f}s wall {res.cpu_seconds:7.2f}s cpu "
+                  f"{res.tok_per_s:7.2f} tok/s{fw}", flush=True)
+    report(results, rates, flops, wl)
 
-    peak = max(rates)
-    base_name = runners[0].name
+
+def report(results: dict[str, list[RunResult]], rates: list[tuple[float, float]], flops: float,
+           wl: Workload) -> None:
+    peak = max(w for w, _ in rates)
+    peak_cpu = max(c for _, c in rates)
+    base_name = next(iter(results))
     base = results[base_name]
-    print(f"\nfloat32 matmul rate (torch.mm 2048^2): {spread([x / 1e9 for x in rates])} GFLOP/s;"
-          f" roofline uses the best, {peak / 1e9:.1f} GFLOP/s "
-          f"-> {flops / peak:.1f} s, {wl.num_output_tokens * peak / flops:.1f} tok/s")
-    print(f"\n{'engine':17s} {'tok/s median [min..max]':>26s} {base_name + ' / engine [min..max]':>30s}"
-          f" {'roofline':>9s} {'agree tok/req':>14s} {'framework':>10s}")
+    print(f"\nfloat32 matmul rate (torch.mm 2048^2), per round: "
+          f"{spread([w / 1e9 for w, _ in rates])} GFLOP/s wall, "
+          f"{spread([c / 1e9 for _, c in rates])} GFLOP per CPU-s. Roofline = the best: "
+          f"{peak / 1e9:.1f} GFLOP/s -> {flops / peak:.1f} s, "
+          f"{wl.num_output_tokens * peak / flops:.1f} output tok/s")
+    print(f"\n{'engine':17s} {'tok/s [min..max]':>24s} {base_name + '/engine wall':>24s} "
+          f"{base_name + '/engine cpu':>24s} {'roofline':>8s} {'roof-cpu':>8s} "
+          f"{'agree tok/req %':>15s} {'framework':>9s}")
     for name, rs in results.items():
-        tps = [r.tok_per_s for r in rs]
-        ratios = [r.seconds / b.seconds for b, r in zip(base, rs, strict=True)]  # base speed / this speed
-        roof = [flops / peak / r.seconds for r in rs]
+        # same round: base speed / this engine's speed (the workload is the same)
+        wall = [r.seconds / b.seconds for b, r in zip(base, rs, strict=True)]
+        cpu = [r.cpu_seconds / b.cpu_seconds for b, r in zip(base, rs, strict=True)]
+        roof = statistics.median(flops / peak / r.seconds for r in rs)
+        roof_cpu = statistics.median(flops / peak_cpu / r.cpu_seconds for r in rs)
         tok_agree, req_agree = agreement(base[-1].outputs, rs[-1].outputs)
         fw = ("" if rs[0].framework_seconds is None else
-              f"{100 * statistics.median(r.framework_seconds / r.seconds for r in rs):9.2f}%")
-        print(f"{name:17s} {spread(tps):>26s} {spread(ratios):>30s} "
-              f"{100 * statistics.median(roof):8.1f}% {100 * tok_agree:6.1f}/{100 * req_agree:5.1f}%"
-              f" {fw:>10s}")
-
+              f"{100 * statistics.median(r.framework_seconds / r.seconds for r in rs):8.2f}%")
+        print(f"{name:17s} {spread([r.tok_per_s for r in rs]):>24s} {spread(wall):>24s} "
+              f"{spread(cpu):>24s} {100 * roof:7.1f}% {100 * roof_cpu:7.1f}% "
+              f"{100 * tok_agree:7.1f}/{100 * req_agree:5.1f}  {fw:>9s}")
 
 if __name__ == "__main__":
     main()

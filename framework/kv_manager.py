@@ -146,6 +146,10 @@ class KVCacheManager:
             (device block, host slot) pairs for the executor to copy before the step runs, or
             None, changing nothing, when the host pool cannot hold it (the caller recomputes).
         """
+        if request.request_id in self._swapped:
+            # re-admitted but preempted again before it ran: its KV is still on the host
+            self._free_device(request)
+            return []
         n = self.allocator.blocks_for(request.num_computed_tokens)
         if n == 0 or n > len(self._free_host):
             return None
@@ -156,7 +160,8 @@ class KVCacheManager:
         return list(zip(table, slots, strict=True))
 
     def swap_in(self, request: Request) -> list[tuple[int, int]]:
-        """Hand a re-admitted request's host slots back (call after `allocate`). Changes state.
+        """Hand a re-admitted request's host slots back once it holds device blocks again (the
+        scheduler calls this whenever it plans a request). Changes state.
 
         Returns:
             (host slot, device block) pairs for the executor to copy before the step runs;

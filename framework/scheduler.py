@@ -45,6 +45,8 @@ class ScheduledRequest:
     num_new_tokens: int
     start: int
     block_ids: list[int]
+    #: swap preemption: (host slot, device block) pairs bringing the request's KV back
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
@@ -61,8 +63,11 @@ class SchedulerOutput:
     num_batched_tokens: int = 0
     #: swap preemption: (device block, host slot) pairs to copy out before the step
     swap_out: list[tuple[int, int]] = field(default_factory=list)
-    #: swap preemption: (host slot, device block) pairs to copy in before the step
-    swap_in: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def swap_in(self) -> list[tuple[int, int]]:
+        """Swap preemption: (host slot, device block) pairs to copy in before the step."""
+        return [p for s in self.scheduled for p in s.swap_in]
 
     @property
     def is_empty(self) -> bool:
@@ -233,7 +238,6 @@ class Scheduler(ABC):
             if req.metrics.first_scheduled_time is None:
                 self.kv.record_lookup(req, prefix)
             self.kv.allocate(req, start + n, prefix)
-            out.swap_in.extend(self.kv.swap_in(req))
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append(self._plan(req, n, start))
@@ -241,7 +245,10 @@ class Scheduler(ABC):
         return budget
 
     def _plan(self, req: Request, n: int, start: int) -> ScheduledRequest:
-        return ScheduledRequest(req, n, start, self.kv.allocator.block_table(req))
+        """The request's share of the step. NOTE: every policy plans through here, so a
+        swapped-out request's KV is copied back the first time it runs again."""
+        table = self.kv.allocator.block_table(req)
+        return ScheduledRequest(req, n, start, table, self.kv.swap_in(req))
 
     def preempt(self, request: Request, out: SchedulerOutput | None = None) -> None:
         """Take a running request off the device: free its KV and queue it again. Changes state.

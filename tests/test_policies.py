@@ -107,6 +107,14 @@ def test_swap_falls_back_to_recompute_when_host_pool_is_full(llama_dir, hf_refer
     assert s.num_preemptions > 0 and s.num_swaps == 0
 
 
+def test_static_batches_swap_parity(llama_dir, hf_reference):
+    ps = [p[:40] for p in prompts(seed=2)]
+    llm = LLM(llama_dir, scheduler="static", preemption_mode="swap", block_size=4,
+              max_model_len=64, max_num_batched_tokens=64, num_kv_blocks=16, max_num_seqs=6)
+    assert_parity(llm, llama_dir, hf_reference, ps)
+    assert llm.engine.scheduler.num_swaps > 0
+
+
 def test_chunked_prefill_swap_parity(llama_dir, hf_reference):
     ps = [p[:40] for p in prompts(seed=3)]
     llm = LLM(llama_dir, scheduler="chunked_prefill", preemption_mode="swap", prefix_cache="radix",

@@ -230,7 +230,6 @@ def drive(names: tuple[str, str, str, str], w: Workload) -> Scheduler:
     assert u.used_blocks == 0 and u.free_blocks + u.cached_blocks == u.num_blocks, "pool not whole"
     assert kv.num_free_host_blocks() == w.num_swap_blocks, "host slots not returned"
     assert not fake.host, "host copies left behind"
-    sched.test_requests = live
     return sched
 
 
@@ -278,3 +277,23 @@ def test_invariants_many(names):
 
 def test_every_combination_is_covered():
     assert len(COMBOS) >= 3 * 4 * 4, COMBOS  # schedulers x queues x (paged x 3 + contiguous)
+
+
+def test_preempted_again_before_its_kv_came_back_keeps_the_host_copy():
+    alloc = registry.load("kv_allocator", "paged")(8, 2, 32)
+    kv = KVCacheManager(alloc, None, num_swap_blocks=4)
+    r = Request("r", [1, 2, 3, 4, 5], SamplingParams(max_tokens=4))
+    kv.allocate(r, 5)
+    r.num_computed_tokens = 5
+    out = kv.swap_out(r)
+    assert [d for d, _ in out] == [0, 1, 2] and kv.is_swapped(r) and not alloc.block_table(r)
+    kv.allocate(r, 6)  # re-admitted ...
+    assert kv.swap_out(r) == []  # ... and preempted again before it ran: nothing to copy
+    assert kv.is_swapped(r) and kv.num_free_host_blocks() == 1
+    kv.allocate(r, 6)
+    back = kv.swap_in(r)
+    assert [h for h, _ in back] == [h for _, h in out] and not kv.is_swapped(r)
+    assert [d for _, d in back] == alloc.block_table(r)[:3]
+    kv.check_integrity()
+    kv.free(r)
+    assert kv.num_free_host_blocks() == 4 and alloc.num_free_blocks() == 8

@@ -118,29 +118,45 @@ class TorchExecutor(Executor):
         runs once per step in numpy over the whole batch; each tensor is made once.
         """
         sched = plan.scheduled
-        decodes = [i for i, s in enumerate(sched) if s.num_new_tokens == 1]
-        decodes.sort(key=lambda i: -sched[i].start)
-        order = decodes + [i for i, s in enumerate(sched) if s.num_new_tokens != 1]
-        ordered = [sched[i] for i in order]
+        num_seqs = len(sched)
+        starts_l = [s.start for s in sched]
+        q_lens_l = [s.num_new_tokens for s in sched]
+        tables = [s.block_ids for s in sched]
+        reqs = [s.request for s in sched]
+        num_tokens = np.fromiter(
+            (len(r.prompt_token_ids) + len(r.output_token_ids) for r in reqs), np.int64, num_seqs)
+        starts = np.array(starts_l, dtype=np.int64)
+        q_lens_np = np.array(q_lens_l, dtype=np.int64)
+        is_decode = q_lens_np == 1
+        num_decodes = int(is_decode.sum())
+        # decodes first, longest context first; then the prefill chunks in plan order
+        key = np.where(is_decode, -starts, np.arange(num_seqs) + 1)
+        order_np = np.argsort(key, kind="stable")
+        order: list[int] = order_np.tolist()
+        starts, q_lens_np = starts[order_np], q_lens_np[order_np]
+        samples = (starts + q_lens_np) == num_tokens[order_np]
         tokens: list[int] = []
-        for s in ordered:
-            tokens.extend(s.request.token_slice(s.start, s.start + s.num_new_tokens))
-        q_lens = [s.num_new_tokens for s in ordered]
-        starts = np.fromiter((s.start for s in ordered), np.int64, len(ordered))
-        q_lens_np = np.asarray(q_lens, dtype=np.int64)
-        bt = _padded_block_tables([s.block_ids for s in ordered])
+        for i in order:
+            s = sched[i]
+            r, start = s.request, s.start
+            if s.num_new_tokens == 1:
+                o = start - len(r.prompt_token_ids)
+                tokens.append(r.output_token_ids[o] if o >= 0 else r.prompt_token_ids[start])
+            else:
+                tokens.extend(r.token_slice(start, start + s.num_new_tokens))
+        q_lens: list[int] = q_lens_np.tolist()
+        bt = _padded_block_tables(tables)[order_np]
         bs = self.backend.block_size
-        cu = np.zeros(len(ordered) + 1, dtype=np.int64)
+        cu = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(q_lens_np, out=cu[1:])
         seq_lens = starts + q_lens_np
-        if len(decodes) == len(ordered):  # decode only: one token per sequence
+        if num_decodes == num_seqs:  # decode only: one token per sequence
             pos = starts
-            slots = bt[np.arange(len(ordered)), pos // bs] * bs + pos % bs
+            slots = bt[np.arange(num_seqs), pos // bs] * bs + pos % bs
         else:
-            seq_idx = np.repeat(np.arange(len(ordered)), q_lens_np)
+            seq_idx = np.repeat(np.arange(num_seqs), q_lens_np)
             pos = starts[seq_idx] + np.arange(len(tokens)) - cu[:-1][seq_idx]
             slots = bt[seq_idx, pos // bs] * bs + pos % bs
-        samples = np.fromiter((s.samples for s in ordered), np.bool_, len(ordered))
         logits_idx = cu[1:][samples] - 1
         dev = self.device
 
@@ -157,7 +173,7 @@ class TorchExecutor(Executor):
             block_tables=put(bt, torch.int32),
             query_lens=q_lens,
             seq_lens_host=seq_lens.tolist(),
-            num_decodes=len(decodes),
+            num_decodes=num_decodes,
             max_query_len=max(q_lens),
             max_seq_len=int(seq_lens.max()),
         )
