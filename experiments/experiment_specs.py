@@ -285,16 +285,33 @@ VARIANT = "exp.sched"
 RATE = "workload.arrival.rate"
 
 
-def capacity(rows: list, slo_ms: float, ttft_ms: float) -> tuple[float | None, Any]:
-    """The largest rate at which this and every lower rate meets p99 ITL <= slo and median
-    TTFT <= ttft (medians over seeds)."""
-    best, best_row = None, None
-    for r in sorted(rows, key=lambda r: r.params[RATE]):
-        itl, ttft = r.get("p99_itl_ms"), r.get("median_ttft_ms")
-        if itl is None or ttft is None or itl > slo_ms or ttft > ttft_ms:
-            break
-        best, best_row = r.params[RATE], r
-    return best, best_row
+def capacity(rows: list, slo_ms: float, ttft_ms: float) -> tuple[float | None, bool]:
+    """The largest rate meeting p99 ITL <= slo_ms and median TTFT <= ttft_ms (medians over
+    seeds), interpolated linearly between the last swept rate that meets both (with every lower
+    rate) and the first that does not.
+
+    Returns:
+        (rate, censored): rate None when even the lowest rate fails; censored True when the
+        highest swept rate still meets both (the capacity is at least that).
+    """
+    pts = sorted(rows, key=lambda r: r.params[RATE])
+    limits = (("p99_itl_ms", slo_ms), ("median_ttft_ms", ttft_ms))
+    prev = None
+    for r in pts:
+        fails = [(k, lim) for k, lim in limits if r.get(k) is None or r.get(k) > lim]
+        if not fails:
+            prev = r
+            continue
+        if prev is None:
+            return None, False
+        x0, x1 = prev.params[RATE], r.params[RATE]
+        cross = x1
+        for k, lim in fails:
+            y0, y1 = prev.get(k), r.get(k)
+            if y1 is not None and y1 > y0:
+                cross = min(cross, x0 + (x1 - x0) * (lim - y0) / (y1 - y0))
+        return cross, False
+    return (prev.params[RATE], True) if prev is not None else (None, False)
 
 
 def chunked_notes(rows: list, runs: Sequence) -> list[str]:
@@ -303,14 +320,16 @@ def chunked_notes(rows: list, runs: Sequence) -> list[str]:
     focus = _config_value(runs, "exp.focus_rate")
     variants = _values(rows, VARIANT)
     out = []
+    lowest = min(_values(rows, RATE))
     for slo in slos:
-        caps = {v: capacity(_rows_where(rows, VARIANT, v), slo, ttft)[0] for v in variants}
-        text = ", ".join(f"{v} {'<' + str(min(_values(rows, RATE))) if c is None else c} req/s"
-                         for v, c in caps.items())
+        caps = {v: capacity(_rows_where(rows, VARIANT, v), slo, ttft) for v in variants}
+        text = ", ".join(
+            f"{v} " + (f"< {lowest:g}" if c is None else f"{'>= ' if cens else ''}{c:.1f}")
+            + " req/s" for v, (c, cens) in caps.items())
         line = f"capacity at p99 TBT (ITL) <= {slo:g} ms and median TTFT <= {ttft:g} ms: {text}"
-        if len(variants) == 2 and all(caps.values()):
-            a, b = (caps[v] for v in variants)
-            line += f" ({b / a:.2f}x)"
+        if len(variants) == 2 and all(c for c, _ in caps.values()):
+            (a, ca), (b, cb) = (caps[v] for v in variants)
+            line += f" ({b / a:.2f}x{', a bound: a capacity is censored' if ca or cb else ''})"
         out.append(line)
     if focus is not None:
         for v in variants:

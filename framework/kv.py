@@ -69,6 +69,14 @@ class KVAllocator(ABC):
     def num_free_blocks(self) -> int:
         """Blocks in the free pool (not counting evictable cached blocks). No state change."""
 
+    def num_used_blocks(self) -> int:
+        """Blocks that at least one live request holds. No state change.
+
+        The default reads `usage()`; allocators with a running count override it (it is asked
+        for on every admission check when a prefix cache is on).
+        """
+        return self.usage().used_blocks
+
     @abstractmethod
     def blocks_needed(self, request: Request, num_tokens: int) -> int:
         """Free blocks that `allocate(request, num_tokens)` would take. No state change."""

@@ -40,8 +40,8 @@ class KVCacheManager:
 
     # ---- queries (no state change) -------------------------------------------------------
     def num_evictable_blocks(self) -> int:
-        u = self.allocator.usage()
-        return u.num_blocks - u.free_blocks - u.used_blocks
+        a = self.allocator
+        return a.num_blocks - a.num_free_blocks() - a.num_used_blocks()
 
     def num_available_blocks(self) -> int:
         """Free blocks plus cached blocks nobody holds."""

@@ -30,6 +30,9 @@ class PagedKVAllocator(KVAllocator):
     def num_free_blocks(self) -> int:
         return len(self._free)
 
+    def num_used_blocks(self) -> int:
+        return self._num_used
+
     def blocks_needed(self, request: Request, num_tokens: int) -> int:
         have = len(self._tables.get(request.request_id, ()))
         return max(0, self.blocks_for(num_tokens) - have)
