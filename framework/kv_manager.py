@@ -167,7 +167,11 @@ class KVCacheManager:
             (host slot, device block) pairs for the executor to copy before the step runs;
             empty for a request that was not swapped out.
         """
+        if not self._swapped:
+            return []
         slots = self._swapped.pop(request.request_id, [])
+        if not slots:
+            return []
         table = self.allocator.block_table(request)
         assert len(table) >= len(slots), "allocate the device blocks before swapping in"
         self._free_host.extend(slots)

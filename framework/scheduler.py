@@ -213,8 +213,10 @@ class Scheduler(ABC):
             if n == 0:
                 i += 1
                 continue
-            candidates = self.running[i:]
-            if not self.ensure_kv(req, req.num_computed_tokens + n, candidates, out):
+            target = req.num_computed_tokens + n
+            if self.kv.can_allocate(req, target):
+                self.kv.allocate(req, target)
+            elif not self.ensure_kv(req, target, self.running[i:], out):
                 continue  # req itself was preempted; self.running[i] is now the next one
             out.scheduled.append(self._plan(req, n, req.num_computed_tokens))
             budget -= n

@@ -41,6 +41,13 @@ class PagedKVAllocator(KVAllocator):
         return self.blocks_needed(request, num_tokens) <= len(self._free) + num_extra_free
 
     def allocate(self, request: Request, num_tokens: int) -> list[int]:
+        rid = request.request_id
+        table = self._tables.get(rid)
+        if table is not None and len(table) * self.block_size >= num_tokens:
+            # NOTE: the common decode step: the last block still has room
+            if num_tokens > self._tokens[rid]:
+                self._tokens[rid] = num_tokens
+            return []
         need = self.blocks_needed(request, num_tokens)
         if need > len(self._free):
             raise RuntimeError(f"need {need} blocks, {len(self._free)} free")
