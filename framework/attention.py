@@ -86,7 +86,7 @@ class AttentionBackend(ABC):
         self.v_caches = [torch.zeros(shape, dtype=spec.dtype, device=self.device)
                          for _ in range(spec.num_layers)]
 
-    @classmethod
+    @classmethod  # noqa: B027 - an optional hook: most backends run anywhere
     def check_available(cls, device: torch.device) -> None:
         """Raise RuntimeError with a sentence saying what is missing to run on `device`."""
 
@@ -116,13 +116,14 @@ class AttentionBackend(ABC):
         """Copy blocks of every layer to host memory (swap-out). No state change."""
         idx = torch.tensor(block_ids, device=self.device, dtype=torch.long)
         return [(k.index_select(0, idx).cpu(), v.index_select(0, idx).cpu())
-                for k, v in zip(self.k_caches, self.v_caches)]
+                for k, v in zip(self.k_caches, self.v_caches, strict=True)]
 
     def copy_blocks_in(
         self, block_ids: list[int], data: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> None:
         """Write host copies back into blocks of every layer (swap-in). Changes the cache."""
         idx = torch.tensor(block_ids, device=self.device, dtype=torch.long)
-        for (k, v), (hk, hv) in zip(zip(self.k_caches, self.v_caches), data):
+        caches = zip(self.k_caches, self.v_caches, strict=True)
+        for (k, v), (hk, hv) in zip(caches, data, strict=True):
             k.index_copy_(0, idx, hk.to(self.device))
             v.index_copy_(0, idx, hv.to(self.device))

@@ -84,7 +84,9 @@ class EngineConfig:
             parse_bytes(self.kv_cache_memory)
         parse_bytes(self.swap_space, "swap_space")
         if self.block_size & (self.block_size - 1):
-            raise ConfigError(f"block_size={self.block_size} must be a power of two (1, 2, 4, ... 256)")
+            raise ConfigError(
+                f"block_size={self.block_size} must be a power of two (1, 2, 4, ... 256)"
+            )
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ConfigError(
                 f"preemption_mode={self.preemption_mode!r}; accepted: {', '.join(PREEMPTION_MODES)}"

@@ -22,7 +22,9 @@ def _build(kind: str, cls: type, options: dict, *args):
     try:
         return cls(*args, **options)
     except TypeError as e:
-        raise ConfigError(f"{kind}_options {sorted(options)} not accepted by {cls.__name__}: {e}") from None
+        raise ConfigError(
+            f"{kind}_options {sorted(options)} not accepted by {cls.__name__}: {e}"
+        ) from None
 
 
 class Engine:
@@ -104,7 +106,8 @@ class Engine:
             memory = self.executor.available_kv_memory()
             if memory is None:
                 # enough for every seat at full length, capped at DEFAULT_KV_MEMORY
-                need = self.kv_spec.bytes_for(max_len, cfg.max_num_seqs) + self.kv_spec.bytes_per_block
+                need = (self.kv_spec.bytes_for(max_len, cfg.max_num_seqs)
+                        + self.kv_spec.bytes_per_block)
                 memory = min(DEFAULT_KV_MEMORY, need)
         n = self.kv_spec.num_blocks_for(memory)
         if n <= 0:
@@ -147,7 +150,7 @@ class Engine:
             arrival_time=now if arrival_time is None else arrival_time,
             priority=priority,
             expected_output_len=expected_output_len,
-            eos_token_id=self.model_spec.eos_token_ids[0] if self.model_spec.eos_token_ids else None,
+            eos_token_id=next(iter(self.model_spec.eos_token_ids), None),
         )
         self.requests[rid] = req
         reason = self._why_invalid(req)
@@ -212,7 +215,7 @@ class Engine:
         self.scheduler.update_from_output(plan, result.sampled_token_ids, now)
         fw += time.perf_counter() - t1
         self._record(plan, result.step_time, now, fw)
-        return [sr.request for sr, tok in zip(plan.scheduled, result.sampled_token_ids)
+        return [sr.request for sr, tok in zip(plan.scheduled, result.sampled_token_ids, strict=True)
                 if tok is not None]
 
     def _unstick(self) -> None:

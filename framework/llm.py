@@ -39,7 +39,7 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling_params")
         reqs = []
-        for prompt, sp in zip(prompts, params):
+        for prompt, sp in zip(prompts, params, strict=True):
             if isinstance(prompt, str):
                 if self.tokenizer is None:
                     raise ValueError("string prompts need a tokenizer; this model has none: "

@@ -71,5 +71,5 @@ class PrefixCache(ABC):
     def num_cached_blocks(self) -> int:
         """Blocks the cache holds (referenced or not). No state change."""
 
-    def check_integrity(self) -> None:
+    def check_integrity(self) -> None:  # noqa: B027 (optional hook)
         """Raise AssertionError if the cache's internal structures disagree."""

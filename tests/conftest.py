@@ -41,14 +41,16 @@ def model_cache(tmp_path_factory):
 def llama_dir(model_cache):
     from schedlab.tiny import build_tiny_model
 
-    return str(build_tiny_model(model_cache / "llama-tiny", family="llama", max_position_embeddings=512))
+    return str(build_tiny_model(model_cache / "llama-tiny", family="llama",
+                                max_position_embeddings=512))
 
 
 @pytest.fixture(scope="session")
 def qwen2_dir(model_cache):
     from schedlab.tiny import build_tiny_model
 
-    return str(build_tiny_model(model_cache / "qwen2-tiny", family="qwen2", max_position_embeddings=512))
+    return str(build_tiny_model(model_cache / "qwen2-tiny", family="qwen2",
+                                max_position_embeddings=512))
 
 
 @pytest.fixture(scope="session", params=["llama", "qwen2"])

@@ -102,7 +102,8 @@ def test_bad_engine_config(llama_dir, kwargs, words):
 
 
 def test_budget_below_max_model_len_without_chunking(llama_dir):
-    with pytest.raises(ConfigError, match="max_num_batched_tokens=32 is smaller than max_model_len=64"):
+    msg = "max_num_batched_tokens=32 is smaller than max_model_len=64"
+    with pytest.raises(ConfigError, match=msg):
         LLM(llama_dir, max_model_len=64, max_num_batched_tokens=32)
 
 

@@ -136,7 +136,7 @@ def test_prefix_cache_contract(name):
 # ---- AttentionBackend -----------------------------------------------------------------
 def _dense_reference(q, k_ctx, v_ctx, q_lens, ctx_lens, scale, groups):
     outs, start = [], 0
-    for s, (ql, cl) in enumerate(zip(q_lens, ctx_lens)):
+    for s, (ql, cl) in enumerate(zip(q_lens, ctx_lens, strict=True)):
         qs = q[start:start + ql]
         k = k_ctx[s][:cl].repeat_interleave(groups, dim=1)
         v = v_ctx[s][:cl].repeat_interleave(groups, dim=1)
@@ -168,7 +168,7 @@ def test_attention_contract(name):
     kc = backend.k_caches[0].view(-1, Hkv, D)
     vc = backend.v_caches[0].view(-1, Hkv, D)
     new_k, new_v, slots = [], [], []
-    for s, (ql, cl) in enumerate(zip(q_lens, ctx_lens)):
+    for s, (ql, cl) in enumerate(zip(q_lens, ctx_lens, strict=True)):
         for p in range(cl):
             slot = tables[s][p // bs] * bs + p % bs
             if p < cl - ql:  # earlier context is already in the cache
@@ -234,7 +234,8 @@ def test_engine_contract(sched, alloc, pc, queue):
     shared = [rng.randrange(2, 900) for _ in range(12)]
     reqs = []
     for i in range(24):
-        prompt = (shared if i % 2 else []) + [rng.randrange(2, 900) for _ in range(rng.randint(1, 20))]
+        own = [rng.randrange(2, 900) for _ in range(rng.randint(1, 20))]
+        prompt = (shared if i % 2 else []) + own
         reqs.append(eng.add_request(prompt, SamplingParams(max_tokens=rng.randint(1, 14),
                                                            ignore_eos=True), priority=i % 3))
     for _ in range(2000):

@@ -61,7 +61,7 @@ def test_stream_yields_tokens_as_produced(llm):
     for e in events:
         by_id.setdefault(e.request_id, []).append(list(e.outputs[0].token_ids))
     assert len(by_id) == 2
-    for seq, fin in zip(by_id.values(), final):
+    for seq, fin in zip(by_id.values(), final, strict=True):
         assert [len(s) for s in seq] == [1, 2, 3, 4, 5]  # one event per new token
         assert seq[-1] == fin.outputs[0].token_ids
 

@@ -14,7 +14,8 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 
 def test_public_api_imports():
-    r = _run("from schedlab import LLM, SamplingParams; print(LLM.__name__, SamplingParams().max_tokens)")
+    r = _run("from schedlab import LLM, SamplingParams\n"
+             "print(LLM.__name__, SamplingParams().max_tokens)")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["LLM", "16"]
 

@@ -36,7 +36,7 @@ def test_greedy_parity(model_dir, hf_reference, scheduler, allocator, setting):
               kv_allocator_options={"reserve": "request"} if allocator == "contiguous" else {},
               **kw)
     outs = llm.generate(ps, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
-    for p, o in zip(ps, outs):
+    for p, o in zip(ps, outs, strict=True):
         assert o.outputs[0].finish_reason in ("length", "stop")
         assert o.outputs[0].token_ids == hf_reference(model_dir, p, MAX_TOKENS)
     steps = len(llm.engine.step_stats)
@@ -57,7 +57,7 @@ def test_preemption_keeps_output(llama_dir, hf_reference):
     outs = llm.generate(ps, SamplingParams(temperature=0.0, max_tokens=24))
     assert llm.engine.scheduler.num_preemptions >= 3
     assert sum(o.metrics.num_preemptions for o in outs) == llm.engine.scheduler.num_preemptions
-    for p, o in zip(ps, outs):
+    for p, o in zip(ps, outs, strict=True):
         assert o.outputs[0].token_ids == hf_reference(llama_dir, p, 24)
 
 

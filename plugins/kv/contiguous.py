@@ -26,7 +26,8 @@ class ContiguousKVAllocator(KVAllocator):
     ) -> None:
         super().__init__(num_blocks, block_size, max_model_len)
         if reserve not in RESERVE_MODES:
-            raise ValueError(f"kv_allocator reserve={reserve!r}; accepted: {', '.join(RESERVE_MODES)}")
+            accepted = ", ".join(RESERVE_MODES)
+            raise ValueError(f"kv_allocator reserve={reserve!r}; accepted: {accepted}")
         self.reserve = reserve
         self._owner: list[str | None] = [None] * num_blocks
         self._regions: dict[str, tuple[int, int]] = {}  # request id -> (first block, num blocks)
