@@ -329,10 +329,15 @@ def main() -> None:
         raise SystemExit(f"no engine selected from {args.engines!r}")
 
     flops = workload_flops(spec, wl)
+    # NOTE: the literal "2 x params x tokens" (LM head on every prompt token too, which no
+    # engine here computes) would be larger; the tighter count above is the one reported.
+    literal = 2.0 * (spec.num_params - spec.vocab_size * spec.hidden_size) * sum(
+        len(p) + o - 1 for p, o in zip(wl.prompts, wl.output_lens, strict=True))
     print(f"model {model_dir}: {spec.num_params / 1e6:.0f}M params, {spec.num_layers} layers; "
           f"{args.threads} threads; {len(wl.prompts)} requests, "
           f"{sum(map(len, wl.prompts))} prompt + {wl.num_output_tokens} output tokens; "
-          f"{flops / 1e12:.3f} TFLOP")
+          f"{flops / 1e12:.3f} TFLOP needed (2 x params x tokens incl. the LM head on every "
+          f"token: {literal / 1e12:.3f})")
 
     warm = make_workload(4, args.seed + 1, spec.vocab_size, (8, 32), (2, 4))
     for r in runners:

@@ -5,7 +5,7 @@
 Reads every results.json under the sweep directory (`schedlab.report.find_runs`), groups the
 runs by the swept parameters except the seed, and writes `<name>_<mode>.md`, `.csv` and `.png`
 into the sweep directory; `--publish` copies them to `experiments/results/`. The experiment
-(its columns, derived metrics, notes and figure) is looked up in `experiment_specs.SPECS` by
+(its columns, derived metrics, notes and figure) is looked up in `summaries.SPECS` by
 `--experiment` or by the runs' `exp.name`; the mode (`real` | `sim`) comes from `exp.mode`.
 `schedlab run -m experiment=<name>` calls this at the end of the sweep (a Hydra callback).
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from experiment_specs import SPECS, Metric, Spec  # noqa: E402
+from summaries import SPECS, Metric, Spec  # noqa: E402
 
 from schedlab.report import ReportError, RunRecord, find_runs, swept_parameters  # noqa: E402
 

@@ -1,0 +1,159 @@
+"""What every experiment summary shares: the Spec, derived per-run values, row helpers, plots.
+
+`summarize.py` groups the runs of a sweep into rows (one per point, its seeds aggregated) and
+hands them to a Spec. A row has `params` (config key -> value), `runs` (the RunRecords of its
+seeds) and `stats` (metric key -> Stat with median, lo, hi, n). No Hydra, no engine.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Getter = Callable[[Any], float | None]
+#: the request rate of Poisson arrivals (req/s), swept by the online experiments
+RATE = "workload.arrival.rate"
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """A table column: a results.json key, or a value derived from one run."""
+
+    key: str
+    label: str
+    fmt: str = ".1f"
+    derive: Getter | None = None
+
+    def value(self, run: Any) -> float | None:
+        v = self.derive(run) if self.derive is not None else run.metrics.get(self.key)
+        return None if v is None or isinstance(v, bool) else float(v)
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One experiment: the paper's claim and how its sweep is tabulated and drawn."""
+
+    name: str
+    title: str
+    claim: str
+    params: tuple[tuple[str, str], ...]  # (config key, column label), in table order
+    metrics: tuple[Metric, ...]
+    figure: Callable[[list, Path, str], None]
+    notes: Callable[[list, Sequence], list[str]]
+    hidden: tuple[str, ...] = ()  # swept keys implied by the params (not shown)
+    order: dict[str, list[Any]] = field(default_factory=dict)  # categorical orders
+
+
+# ---- derived per-run values --------------------------------------------------------------
+def output_len_cv(run: Any) -> float | None:
+    lens = run.metrics.get("output_lens") or []
+    if len(lens) < 2 or statistics.fmean(lens) == 0:
+        return None
+    return statistics.pstdev(lens) / statistics.fmean(lens)
+
+
+def normalized_latency_ms(run: Any) -> float | None:
+    """Orca's normalized latency: mean over requests of E2E latency / output tokens (ms)."""
+    pairs = [(e, n) for e, n in zip(run.metrics.get("e2els") or [],
+                                    run.metrics.get("output_lens") or [], strict=False) if n]
+    return 1000.0 * statistics.fmean(e / n for e, n in pairs) if pairs else None
+
+
+def _pool_tokens(run: Any) -> float | None:
+    blocks, bs = run.metrics.get("num_kv_blocks"), run.config.get("engine.block_size")
+    return float(blocks * bs) if blocks and bs else None
+
+
+def kv_token_pct(run: Any) -> float | None:
+    """Share of the KV pool holding token state, averaged over steps."""
+    pool = _pool_tokens(run)
+    used = run.metrics.get("mean_kv_used_tokens")
+    return 100.0 * used / pool if pool and used is not None else None
+
+
+def kv_reserved_pct(run: Any) -> float | None:
+    """Share of the KV pool reserved by running requests, averaged over steps."""
+    pool = _pool_tokens(run)
+    res = run.metrics.get("mean_kv_reserved_tokens")
+    return 100.0 * res / pool if pool and res is not None else None
+
+
+def kv_used_of_reserved(run: Any) -> float | None:
+    waste = run.metrics.get("kv_waste_pct")
+    return None if waste is None else 100.0 - waste
+
+
+# ---- helpers over rows -------------------------------------------------------------------
+def rows_where(rows: list, key: str, value: Any) -> list:
+    return [r for r in rows if r.params.get(key) == value]
+
+
+def values(rows: list, key: str) -> list:
+    seen: list = []
+    for r in rows:
+        if r.params.get(key) not in seen:
+            seen.append(r.params.get(key))
+    return seen
+
+
+def paired_ratio(a: Any, b: Any, metric: str, derive: Getter | None = None) -> str:
+    """a / b of a metric, paired seed by seed: 'median [min-max]x' ('-' if no pair)."""
+    get = derive or (lambda run: run.metrics.get(metric))
+    b_by_seed = {run.config.get("seed"): get(run) for run in b.runs}
+    ratios = []
+    for run in a.runs:
+        va, vb = get(run), b_by_seed.get(run.config.get("seed"))
+        if va is not None and vb:
+            ratios.append(va / vb)
+    if not ratios:
+        return "-"
+    med = statistics.median(ratios)
+    if len(ratios) > 1 and f"{min(ratios):.2f}" != f"{max(ratios):.2f}":
+        return f"{med:.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+    return f"{med:.2f}x"
+
+
+def find(rows: list, params: dict[str, Any]) -> Any | None:
+    """The row with these parameter values (None if the sweep has none)."""
+    for r in rows:
+        if all(r.params.get(k) == v for k, v in params.items()):
+            return r
+    return None
+
+
+def config_value(runs: Sequence, key: str, default: Any = None) -> Any:
+    v = runs[0].config.get(key, default) if runs else default
+    if isinstance(v, str) and v.startswith("["):
+        return json.loads(v)
+    return default if v is None else v
+
+
+def line(ax: Any, rows: list, x: str, y: str, label: str, style: str = "o-",
+          x_metric: bool = False, color: str | None = None) -> None:
+    """Medians joined by a line, min-max as error bars; x is a param or (x_metric) a metric."""
+    pts = []
+    for r in rows:
+        xv = r.stats[x].median if x_metric else r.params.get(x)
+        s = r.stats[y]
+        if xv is None or s.median is None:
+            continue
+        pts.append((float(xv), s.median, s.median - s.lo, s.hi - s.median))
+    if not pts:
+        return
+    pts.sort()
+    ax.errorbar([p[0] for p in pts], [p[1] for p in pts],
+                yerr=[[p[2] for p in pts], [p[3] for p in pts]], fmt=style, capsize=3,
+                label=label, markersize=4, color=color)
+
+
+def save(fig: Any, axes: list, path: Path, title: str) -> None:
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=100)
