@@ -233,6 +233,7 @@ class Engine:
 
     def _record(self, plan, step_time: float, now: float, fw: float) -> None:
         u = self.kv.usage()
+        num_prefill, num_decode = plan.token_counts()
         self._num_steps += 1
         st = StepStats(
             step=self._num_steps,
@@ -241,8 +242,8 @@ class Engine:
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             num_scheduled_tokens=plan.num_batched_tokens,
-            num_prefill_tokens=plan.num_prefill_tokens,
-            num_decode_tokens=plan.num_decode_tokens,
+            num_prefill_tokens=num_prefill,
+            num_decode_tokens=num_decode,
             num_scheduled_seqs=len(plan.scheduled),
             num_preempted=len(plan.preempted),
             kv_used_blocks=u.used_blocks,

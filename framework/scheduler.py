@@ -73,17 +73,16 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled if not _is_decode(s))
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled if _is_decode(s))
-
-
-def _is_decode(s: ScheduledRequest) -> bool:
-    return s.num_new_tokens == 1 and s.start >= s.request.num_prompt_tokens
+    def token_counts(self) -> tuple[int, int]:
+        """(prefill tokens, decode tokens) of the step, in one pass. A decode is one new
+        token past the prompt."""
+        prefill = decode = 0
+        for s in self.scheduled:
+            if s.num_new_tokens == 1 and s.start >= s.request.num_prompt_tokens:
+                decode += 1
+            else:
+                prefill += s.num_new_tokens
+        return prefill, decode
 
 
 class Scheduler(ABC):

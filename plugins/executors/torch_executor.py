@@ -31,9 +31,18 @@ class TorchExecutor(Executor):
     the configured `AttentionBackend`; logits are computed only at the positions that sample.
     """
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, num_threads: int | None = None) -> None:
+        """Args:
+            config: the engine config (model directory, dtype, device, attention backend).
+            num_threads: torch's intra-op threads on the CPU (None: torch's default); one
+                thread gives steadier timings on a small shared machine.
+        """
         from transformers import AutoModelForCausalLM
 
+        if num_threads is not None:
+            if not isinstance(num_threads, int) or num_threads <= 0:
+                raise ValueError(f"executor num_threads={num_threads!r} must be a positive integer")
+            torch.set_num_threads(num_threads)
         self.config = config
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():

@@ -26,6 +26,9 @@ class PagedKVAllocator(KVAllocator):
         self._tables: dict[str, list[int]] = {}
         self._tokens: dict[str, int] = {}  # request id -> tokens its table was grown for
         self._num_used = 0  # blocks with a reference
+        # running totals over all tables, so usage() needs no scan
+        self._num_table_slots = 0
+        self._num_tokens = 0
 
     def num_free_blocks(self) -> int:
         return len(self._free)
@@ -38,6 +41,9 @@ class PagedKVAllocator(KVAllocator):
         return max(0, self.blocks_for(num_tokens) - have)
 
     def can_allocate(self, request: Request, num_tokens: int, num_extra_free: int = 0) -> bool:
+        table = self._tables.get(request.request_id)
+        if table is not None and len(table) * self.block_size >= num_tokens:
+            return True
         return self.blocks_needed(request, num_tokens) <= len(self._free) + num_extra_free
 
     def allocate(self, request: Request, num_tokens: int) -> list[int]:
@@ -45,8 +51,10 @@ class PagedKVAllocator(KVAllocator):
         table = self._tables.get(rid)
         if table is not None and len(table) * self.block_size >= num_tokens:
             # NOTE: the common decode step: the last block still has room
-            if num_tokens > self._tokens[rid]:
+            old = self._tokens[rid]
+            if num_tokens > old:
                 self._tokens[rid] = num_tokens
+                self._num_tokens += num_tokens - old
             return []
         need = self.blocks_needed(request, num_tokens)
         if need > len(self._free):
@@ -58,7 +66,11 @@ class PagedKVAllocator(KVAllocator):
             self._refs[b] = 1
         self._num_used += need
         table.extend(new)
-        self._tokens[request.request_id] = max(self._tokens.get(request.request_id, 0), num_tokens)
+        self._num_table_slots += need * self.block_size
+        old = self._tokens.get(rid, 0)
+        if num_tokens > old:
+            self._tokens[rid] = num_tokens
+            self._num_tokens += num_tokens - old
         return new
 
     def share(self, request: Request, block_ids: Sequence[int]) -> None:
@@ -70,7 +82,10 @@ class PagedKVAllocator(KVAllocator):
                 self._num_used += 1
             self._refs[b] += 1
         table.extend(block_ids)
-        self._tokens[request.request_id] = len(block_ids) * self.block_size
+        slots = len(block_ids) * self.block_size
+        self._num_table_slots += slots
+        self._tokens[request.request_id] = slots
+        self._num_tokens += slots
 
     def take(self, block_ids: Sequence[int]) -> None:
         for b in block_ids:
@@ -80,7 +95,8 @@ class PagedKVAllocator(KVAllocator):
 
     def free(self, request: Request) -> list[int]:
         table = self._tables.pop(request.request_id, [])
-        self._tokens.pop(request.request_id, None)
+        self._num_tokens -= self._tokens.pop(request.request_id, 0)
+        self._num_table_slots -= len(table) * self.block_size
         orphaned = []
         # Freed in reverse so a request's tail blocks are evicted/reused first.
         for b in reversed(table):
@@ -106,19 +122,14 @@ class PagedKVAllocator(KVAllocator):
         return self._tables.get(request.request_id, [])
 
     def usage(self) -> KVUsage:
-        reserved = 0
-        used = 0
-        for rid, table in self._tables.items():
-            reserved += len(table) * self.block_size
-            used += min(self._tokens[rid], len(table) * self.block_size)
         return KVUsage(
             num_blocks=self.num_blocks,
             block_size=self.block_size,
             used_blocks=self._num_used,
             free_blocks=len(self._free),
             cached_blocks=self.num_blocks - len(self._free) - self._num_used,
-            reserved_tokens=reserved,
-            used_tokens=used,
+            reserved_tokens=self._num_table_slots,
+            used_tokens=self._num_tokens,
         )
 
     def check_integrity(self) -> None:
@@ -133,3 +144,8 @@ class PagedKVAllocator(KVAllocator):
             assert self._is_free[b] == (b in free), f"block {b} free flag is stale"
             assert not (self._is_free[b] and refs[b]), f"block {b} is free and held"
         assert self._num_used == sum(1 for r in refs if r), "used-block count is stale"
+        slots = sum(len(t) for t in self._tables.values()) * self.block_size
+        assert self._num_table_slots == slots, "reserved-slot total is stale"
+        assert self._num_tokens == sum(self._tokens.values()), "token total is stale"
+        for rid, table in self._tables.items():
+            assert self._tokens[rid] <= len(table) * self.block_size, f"{rid} outgrew its table"
