@@ -35,7 +35,8 @@ REDUCED: dict[str, tuple[list[str], int]] = {
     "paged_vs_contiguous": (["workload.num_requests=16"], 3),
     "chunked_prefill": (["workload.num_requests=8", "workload.arrival.rate=8,32"], 4),
     "prefix_caching": (["workload.num_requests=16", "exp.split={pct:0,prefix:0,suffix:64},"
-                        "{pct:90,prefix:58,suffix:6}", "workload.output_len=4"], 6),
+                        "{pct:90,prefix:58,suffix:6}", "workload.output_len.min=4",
+                        "workload.output_len.max=8"], 6),
     "latency_throughput": (["workload.num_requests=16", "workload.arrival.rate=16,64"], 4),
 }
 #: columns every experiment's table must have (beyond the spec's own labels)
@@ -137,7 +138,8 @@ def _fake_runs(root: Path, name: str) -> int:
             lat = 10.0 * (1 + (rate / 8) ** 3) + seed
             metrics = {k: 1.0 + i + seed for k in (
                 "request_throughput", "max_concurrent_requests", "mean_num_running",
-                "num_preemptions", "prefix_cache_hit_rate", "mean_batch_size", "mean_e2el_ms")}
+                "num_preemptions", "prefix_cache_hit_rate", "mean_batch_size", "mean_e2el_ms",
+                "mean_framework_time_ms")}
             metrics.update(
                 output_throughput=100.0 * min(rate, 8) + seed, median_ttft_ms=lat,
                 p99_ttft_ms=3 * lat, mean_ttft_ms=2 * lat, median_tpot_ms=5.0 + seed,
@@ -190,11 +192,11 @@ def test_summarize_rejects_an_unknown_experiment(tmp_path):
     assert summarize.main([str(tmp_path / "sweep"), "--experiment", "nope"]) == 2
 
 
-def test_sim_sweep_end_to_end_is_summarized(tmp_path, cache):
+def test_sim_sweep_end_to_end_is_summarized(tmp_path):
     """A tiny simulated orca sweep: the callback writes the table and figure into the sweep."""
     sweep = tmp_path / "sweep"
     run_experiment("orca_sim", ["workload.num_requests=12", "seed=0,1",
-                                "workload.output_len.sigma=0.001,1.0"], sweep, cache)
+                                "workload.output_len.sigma=0.001,1.0"], sweep, tmp_path)
     check_outputs(sweep, "orca", "sim", num_points=4, seeds=2)
     results = sorted(sweep.glob("*/results.json"))
     assert len(results) == 8

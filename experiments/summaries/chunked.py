@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from schedlab.plots import new_figure
 
@@ -23,31 +24,39 @@ from .common import (
 VARIANT = "exp.sched"
 
 
+#: a rate counts only if the engine kept up with it: completed req/s >= this x the offered rate
+KEEP_UP = 0.8
+
+
 def capacity(rows: list, slo_ms: float, ttft_ms: float) -> tuple[float | None, bool]:
-    """The largest rate meeting p99 ITL <= slo_ms and median TTFT <= ttft_ms (medians over
-    seeds), interpolated linearly between the last swept rate that meets both (with every lower
-    rate) and the first that does not.
+    """The largest rate at which the engine meets p99 ITL <= slo_ms and median TTFT <= ttft_ms
+    and keeps up (completed req/s >= KEEP_UP x offered), medians over seeds; interpolated
+    linearly between the last swept rate that meets all three (with every lower rate) and the
+    first that does not.
 
     Returns:
         (rate, censored): rate None when even the lowest rate fails; censored True when the
-        highest swept rate still meets both (the capacity is at least that).
+        highest swept rate still meets all three (the capacity is at least that).
     """
-    pts = sorted(rows, key=lambda r: r.params[RATE])
-    limits = (("p99_itl_ms", slo_ms), ("median_ttft_ms", ttft_ms))
+    def excess(r: Any) -> list[float]:  # > 0: the criterion fails
+        itl, ttft, done = r.get("p99_itl_ms"), r.get("median_ttft_ms"), r.get("request_throughput")
+        if itl is None or ttft is None or done is None:
+            return [math.inf]
+        return [itl - slo_ms, ttft - ttft_ms, KEEP_UP - done / r.params[RATE]]
+
     prev = None
-    for r in pts:
-        fails = [(k, lim) for k, lim in limits if r.get(k) is None or r.get(k) > lim]
-        if not fails:
+    for r in sorted(rows, key=lambda r: r.params[RATE]):
+        g1 = excess(r)
+        if all(g <= 0 for g in g1):
             prev = r
             continue
         if prev is None:
             return None, False
-        x0, x1 = prev.params[RATE], r.params[RATE]
+        (x0, x1), g0 = (prev.params[RATE], r.params[RATE]), excess(prev)
         cross = x1
-        for k, lim in fails:
-            y0, y1 = prev.get(k), r.get(k)
-            if y1 is not None and y1 > y0:
-                cross = min(cross, x0 + (x1 - x0) * (lim - y0) / (y1 - y0))
+        for a, b in zip(g0, g1, strict=True):
+            if b > 0 and math.isfinite(b) and b > a:
+                cross = min(cross, x0 + (x1 - x0) * (0 - a) / (b - a))
         return cross, False
     return (prev.params[RATE], True) if prev is not None else (None, False)
 
@@ -64,7 +73,8 @@ def chunked_notes(rows: list, runs: Sequence) -> list[str]:
         text = ", ".join(
             f"{v} " + (f"< {lowest:g}" if c is None else f"{'>= ' if cens else ''}{c:.1f}")
             + " req/s" for v, (c, cens) in caps.items())
-        line = f"capacity at p99 TBT (ITL) <= {slo:g} ms and median TTFT <= {ttft:g} ms: {text}"
+        line = (f"capacity at p99 TBT (ITL) <= {slo:g} ms, median TTFT <= {ttft:g} ms and "
+                f"completed >= {KEEP_UP:g} x offered: {text}")
         if len(variants) == 2 and all(c for c, _ in caps.values()):
             (a, ca), (b, cb) = (caps[v] for v in variants)
             bound = ">= " if cb and not ca else "<= " if ca and not cb else ""
