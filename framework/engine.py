@@ -32,15 +32,20 @@ class Engine:
 
     Args:
         config: the engine config; plugins are looked up by name in the registry.
+        executor_cls: an executor class to use instead of the registered `config.executor`
+            (a model-free fake in tests and micro-benchmarks); built the same way.
 
     Raises:
         ConfigError: a value is out of range, or a combination of plugins cannot work.
         registry.PluginError: an unknown plugin name (the message lists the installed ones).
     """
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, executor_cls: type[Executor] | None = None) -> None:
         self.config = cfg = config
-        classes = {kind: registry.load(kind, getattr(cfg, kind)) for kind in registry.GROUPS}
+        classes = {kind: registry.load(kind, getattr(cfg, kind)) for kind in registry.GROUPS
+                   if not (kind == "executor" and executor_cls is not None)}
+        if executor_cls is not None:
+            classes["executor"] = executor_cls
         sched_cls, alloc_cls, pc_cls = (classes["scheduler"], classes["kv_allocator"],
                                         classes["prefix_cache"])
         if pc_cls.requires_sharing and not alloc_cls.supports_sharing:

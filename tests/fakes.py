@@ -16,12 +16,18 @@ FAKE_SPEC = ModelSpec(
 
 
 class FakeExecutor(Executor):
-    """Deterministic tokens (a hash of the request's token count), one virtual ms per step."""
+    """Deterministic tokens (a hash of the request's token count), one virtual ms per step.
+
+    Every plan is kept in `plans` unless `keep_plans` is off (micro-benchmarks).
+    """
+
+    spec: ModelSpec = FAKE_SPEC
+    keep_plans: bool = True
 
     def __init__(self, config: EngineConfig, eos_every: int = 0) -> None:
         import torch
 
-        self.model_spec = FAKE_SPEC
+        self.model_spec = self.spec
         self.clock = VirtualClock()
         self.eos_every = eos_every
         self.dtype = torch.float32
@@ -35,7 +41,8 @@ class FakeExecutor(Executor):
         self.num_blocks = num_blocks
 
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
-        self.plans.append(plan)
+        if self.keep_plans:
+            self.plans.append(plan)
         out: list[int | None] = []
         for s in plan.scheduled:
             if not s.samples:

@@ -197,18 +197,7 @@ def test_attention_contract(name):
 
 # ---- Scheduler x allocator x prefix cache x queue through the engine -------------------
 def _engine(**kw) -> Engine:
-    cfg = EngineConfig(model="fake", executor="torch", **kw)
-    orig = registry.load
-
-    def load(kind, name):
-        return FakeExecutor if kind == "executor" else orig(kind, name)
-
-    registry_load = registry.load
-    registry.load = load
-    try:
-        return Engine(cfg)
-    finally:
-        registry.load = registry_load
+    return Engine(EngineConfig(model="fake", **kw), executor_cls=FakeExecutor)
 
 
 def _combos():

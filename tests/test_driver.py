@@ -7,7 +7,6 @@ import json
 import pytest
 from fakes import FakeExecutor
 
-from schedlab import registry
 from schedlab.config import EngineConfig
 from schedlab.driver import run_workload
 from schedlab.engine import Engine
@@ -26,10 +25,7 @@ def real_engine(model_dir: str, **kw) -> Engine:
 
 def fake_engine(monkeypatch, **kw) -> Engine:
     """An engine over a model-free executor on a virtual clock (1 ms per step)."""
-    orig = registry.load
-    monkeypatch.setattr(registry, "load",
-                        lambda kind, name: FakeExecutor if kind == "executor" else orig(kind, name))
-    return Engine(EngineConfig(model="fake", **kw))
+    return Engine(EngineConfig(model="fake", **kw), executor_cls=FakeExecutor)
 
 
 def wl(n: int, prompt: int = 8, out: int = 4, arrivals: list[float] | None = None):

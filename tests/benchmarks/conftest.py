@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from fakes import FakeExecutor
 
 from schedlab import registry
-from schedlab.attention import KVCacheSpec
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
-from schedlab.executor import Executor, ExecutorOutput, VirtualClock
 from schedlab.model import ModelSpec
 from schedlab.request import SamplingParams
-from schedlab.scheduler import SchedulerOutput
 
 #: a Llama-150M-shaped spec: sizes the KV pool realistically, never runs
 BENCH_SPEC = ModelSpec(
@@ -21,45 +19,20 @@ BENCH_SPEC = ModelSpec(
 )
 
 
-class BenchExecutor(Executor):
+class BenchExecutor(FakeExecutor):
     """Deterministic tokens, no model and no per-step memory: the engine's own cost only."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        import torch
-
-        self.model_spec = BENCH_SPEC
-        self.clock = VirtualClock()
-        self.dtype = torch.float32
-
-    def kv_cache_spec(self, block_size: int) -> KVCacheSpec:
-        s = self.model_spec
-        return KVCacheSpec(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype, block_size)
-
-    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
-        self.num_blocks = num_blocks
-
-    def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
-        out = [5 if s.samples else None for s in plan.scheduled]
-        self.clock.advance(1e-3)
-        return ExecutorOutput(out, 1e-3)
+    spec = BENCH_SPEC
+    keep_plans = False
 
 
 def build_engine(scheduler: str, num_seqs: int, **kw) -> Engine:
-    """An engine over `BenchExecutor` (injected the way tests/test_contracts.py does)."""
-    orig = registry.load
-
-    def load(kind, name):
-        return BenchExecutor if kind == "executor" else orig(kind, name)
-
-    registry.load = load
-    try:
-        cfg = dict(model="bench", scheduler=scheduler, max_num_seqs=num_seqs,
-                   max_num_batched_tokens=max(8192, 64 * num_seqs), max_model_len=1024,
-                   num_kv_blocks=num_seqs * 64 + 16)
-        cfg.update(kw)
-        return Engine(EngineConfig(**cfg))
-    finally:
-        registry.load = orig
+    """An engine over the model-free `BenchExecutor`."""
+    cfg = dict(model="bench", scheduler=scheduler, max_num_seqs=num_seqs,
+               max_num_batched_tokens=max(8192, 64 * num_seqs), max_model_len=1024,
+               num_kv_blocks=num_seqs * 64 + 16)
+    cfg.update(kw)
+    return Engine(EngineConfig(**cfg), executor_cls=BenchExecutor)
 
 
 def running_engine(scheduler: str, num_seqs: int, prompt_len: int = 64) -> Engine:
