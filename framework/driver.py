@@ -31,7 +31,8 @@ class RunResult:
         requests: one per workload request, in workload order; each finished or rejected.
         duration_s: from the start of the run until the last request finished.
         step_stats: the engine steps this run took.
-        num_preemptions: preemptions during the run.
+        num_preemptions: preemptions during the run (recompute and swap).
+        num_swaps: those preemptions whose KV went to host memory (swap mode).
         prefix_hit_rate: prompt tokens served from the prefix cache / prompt tokens looked up.
         start_time: engine clock at the start of the run.
         num_kv_blocks: blocks in the KV pool.
@@ -49,6 +50,7 @@ class RunResult:
     block_size: int = 0
     max_concurrency: int | None = None
     num_prefix_hit_tokens: int = 0
+    num_swaps: int = 0
     extra: dict = field(default_factory=dict)
 
 
@@ -84,6 +86,7 @@ def run_workload(
     kv = engine.kv
     first_step = len(engine.step_stats)
     preempt0 = engine.scheduler.num_preemptions
+    swaps0 = engine.scheduler.num_swaps
     hit0, query0 = kv.num_prefix_hit_tokens, kv.num_prefix_query_tokens
 
     order = deque(sorted(range(len(workload)), key=lambda i: (workload[i].arrival_s, i)))
@@ -156,6 +159,7 @@ def run_workload(
         block_size=engine.config.block_size,
         max_concurrency=max_concurrency,
         num_prefix_hit_tokens=hits,
+        num_swaps=engine.scheduler.num_swaps - swaps0,
     )
 
 

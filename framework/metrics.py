@@ -132,6 +132,7 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
     return {
         "num_steps": len(steps),
         "num_preemptions": run.num_preemptions,
+        "num_swaps": run.num_swaps,
         "prefix_cache_hit_rate": run.prefix_hit_rate,
         "num_kv_blocks": run.num_kv_blocks,
         "peak_kv_used_blocks": peak_blocks,

@@ -172,6 +172,7 @@ def format_table(metrics: dict) -> str:
     lines.append(f"{' Engine ':-^50}")
     row("Steps:", "num_steps", "d")
     row("Preemptions:", "num_preemptions", "d")
+    row("  of which swapped to host:", "num_swaps", "d")
     row("Prefix cache hit rate (tokens):", "prefix_cache_hit_rate", ".3f")
     row("Peak KV cache usage (%):", "peak_kv_usage_pct", ".1f")
     row("KV reserved but unused (%):", "kv_waste_pct", ".1f")

@@ -115,3 +115,17 @@ def test_online_poisson_run_writes_results_and_plots(llama_dir, tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = format_table(m)
     assert "Successful requests:" in table and "Mean TPOT (ms):" in table
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemptions_and_swaps_are_counted(monkeypatch, mode):
+    eng = fake_engine(monkeypatch, block_size=4, max_model_len=64, num_kv_blocks=12,
+                      max_num_seqs=8, preemption_mode=mode, swap_space=1 << 20)
+    run = run_workload(eng, wl(8, prompt=10, out=12))
+    m = compute_metrics(run)
+    assert m["completed"] == 8
+    assert m["num_preemptions"] == run.num_preemptions > 0
+    if mode == "swap":
+        assert 0 < m["num_swaps"] <= m["num_preemptions"]
+    else:
+        assert m["num_swaps"] == 0
