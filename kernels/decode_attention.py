@@ -27,6 +27,41 @@ from schedlab.kernels._launch import (
 
 
 @triton.jit
+def attend_tile(
+    q, k_cache_ptr, v_cache_ptr, bt_row, pos, n_mask, visible, d, d_mask, kvh,
+    stride_cb, stride_cs, stride_ch, scale, m_i, l_i, acc,
+    BLOCK_SIZE: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """One tile of keys of an online softmax, shared by the decode and prefill kernels.
+
+    Loads the tile's K/V through the block table (positions `pos`, valid where `n_mask`),
+    scores the queries `q` against them where `visible`, and folds the tile into the running
+    max `m_i`, normaliser `l_i` and weighted sum `acc`, which it returns.
+    """
+    blk = tl.load(bt_row + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    off = blk * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kvh * stride_ch
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if DOT_F32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(visible, s * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DOT_F32:
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, bt_ptr, seq_lens_ptr, out_ptr, lse_ptr,
     scale, tokens_per_split,
@@ -61,27 +96,9 @@ def _decode_kernel(
     for tile in range(start, end, BLOCK_N):
         pos = tile + n
         n_mask = pos < end
-        blk = tl.load(bt_row + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        off = blk * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kvh * stride_ch
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if DOT_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(n_mask[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_F32:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(
+            q, k_cache_ptr, v_cache_ptr, bt_row, pos, n_mask, n_mask[None, :], d, d_mask, kvh,
+            stride_cb, stride_cs, stride_ch, scale, m_i, l_i, acc, BLOCK_SIZE, DOT_F32)
 
     nonempty = l_i > 0.0
     l_safe = tl.where(nonempty, l_i, 1.0)

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from schedlab.kernels._launch import check_cache, check_index, check_rows, dot_in_fp32, next_pow2
-from schedlab.kernels.decode_attention import attend, gather_context
+from schedlab.kernels.decode_attention import attend, attend_tile, gather_context
 
 
 @triton.jit
@@ -58,28 +58,10 @@ def _prefill_kernel(
         for tile in range(0, kv_end, BLOCK_N):
             pos = tile + n
             n_mask = pos < seq_len
-            blk = tl.load(bt_row + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-            off = blk * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kvh * stride_ch
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_cache_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if DOT_F32:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
             visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
-            s = tl.where(visible, s * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if DOT_F32:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            m_i, l_i, acc = attend_tile(
+                q, k_cache_ptr, v_cache_ptr, bt_row, pos, n_mask, visible, d, d_mask, kvh,
+                stride_cb, stride_cs, stride_ch, scale, m_i, l_i, acc, BLOCK_SIZE, DOT_F32)
 
         out = acc / l_i[:, None]
         tl.store(out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :],
