@@ -26,16 +26,6 @@ class KVUsage:
     reserved_tokens: int
     used_tokens: int
 
-    @property
-    def waste_fraction(self) -> float:
-        if self.reserved_tokens == 0:
-            return 0.0
-        return 1.0 - self.used_tokens / self.reserved_tokens
-
-    @property
-    def usage_fraction(self) -> float:
-        return self.used_blocks / self.num_blocks if self.num_blocks else 0.0
-
 
 class KVAllocator(ABC):
     """Owns a pool of `num_blocks` blocks of `block_size` token slots and the block tables.
@@ -138,7 +128,3 @@ class KVAllocator(ABC):
     def is_free(self, block_id: int) -> bool:
         """Whether the block is in the free pool. No state change."""
         raise NotImplementedError(f"{type(self).__name__} does not expose its free pool")
-
-    def take(self, block_ids: Sequence[int]) -> None:
-        """Take specific blocks out of the free pool as cached (no holder). Changes state."""
-        raise NotImplementedError(f"{type(self).__name__} cannot take specific blocks")

@@ -43,10 +43,6 @@ class KVCacheManager:
         a = self.allocator
         return a.num_blocks - a.num_free_blocks() - a.num_used_blocks()
 
-    def num_available_blocks(self) -> int:
-        """Free blocks plus cached blocks nobody holds."""
-        return self.allocator.num_free_blocks() + self.num_evictable_blocks()
-
     def match_prefix(self, request: Request) -> PrefixMatch:
         """The reusable cached prefix for a request that holds no KV yet.
 

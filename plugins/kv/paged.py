@@ -87,12 +87,6 @@ class PagedKVAllocator(KVAllocator):
         self._tokens[request.request_id] = slots
         self._num_tokens += slots
 
-    def take(self, block_ids: Sequence[int]) -> None:
-        for b in block_ids:
-            assert self._is_free[b], f"block {b} is not free"
-            self._free.remove(b)
-            self._is_free[b] = False
-
     def free(self, request: Request) -> list[int]:
         table = self._tables.pop(request.request_id, [])
         self._num_tokens -= self._tokens.pop(request.request_id, 0)
