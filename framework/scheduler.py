@@ -140,13 +140,16 @@ class Scheduler(ABC):
         """
         finished: list[Request] = []
         max_len = self.config.max_model_len
+        cache_computed = self.kv.cache_computed if self.kv.prefix_cache is not None else None
         for sr, token in zip(output.scheduled, sampled, strict=True):
             req = sr.request
             req.num_computed_tokens = sr.start + sr.num_new_tokens
-            self.kv.cache_computed(req)
+            if cache_computed is not None:
+                cache_computed(req)
             if token is None:
                 continue
-            req.output_token_ids.append(token)
+            out_ids = req.output_token_ids
+            out_ids.append(token)
             m = req.metrics
             m.token_times.append(now)
             if m.first_token_time is None:
@@ -154,9 +157,10 @@ class Scheduler(ABC):
             sp = req.sampling_params
             if not sp.ignore_eos and token == req.eos_token_id:
                 self._finish(req, RequestStatus.FINISHED_STOPPED, now)
-            elif token in sp.stop_token_ids:
+            elif sp.stop_token_ids and token in sp.stop_token_ids:
                 self._finish(req, RequestStatus.FINISHED_STOPPED, now)
-            elif req.num_output_tokens >= sp.max_tokens or req.num_tokens >= max_len:
+            elif (len(out_ids) >= sp.max_tokens
+                  or len(req.prompt_token_ids) + len(out_ids) >= max_len):
                 self._finish(req, RequestStatus.FINISHED_LENGTH, now)
             else:
                 continue
@@ -205,19 +209,24 @@ class Scheduler(ABC):
         Victims come from the running requests not yet scheduled this step. Returns the budget
         left.
         """
+        kv, running, plan = self.kv, self.running, self._plan
+        to_run = self.num_tokens_to_run
+        scheduled = out.scheduled
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = self.num_tokens_to_run(req.num_tokens - req.num_computed_tokens, budget)
+        while i < len(running) and budget > 0:
+            req = running[i]
+            done = req.num_computed_tokens
+            remaining = len(req.prompt_token_ids) + len(req.output_token_ids) - done
+            n = 1 if remaining == 1 else to_run(remaining, budget)  # budget > 0: a decode fits
             if n == 0:
                 i += 1
                 continue
-            target = req.num_computed_tokens + n
-            if self.kv.can_allocate(req, target):
-                self.kv.allocate(req, target)
-            elif not self.ensure_kv(req, target, self.running[i:], out):
-                continue  # req itself was preempted; self.running[i] is now the next one
-            out.scheduled.append(self._plan(req, n, req.num_computed_tokens))
+            target = done + n
+            if kv.can_allocate(req, target):
+                kv.allocate(req, target)
+            elif not self.ensure_kv(req, target, running[i:], out):
+                continue  # req itself was preempted; running[i] is now the next one
+            scheduled.append(plan(req, n, done))
             budget -= n
             i += 1
         return budget
