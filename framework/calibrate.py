@@ -77,6 +77,11 @@ def default_grid(max_len: int = 1024) -> list[Shape]:
             grid.append(((1,) * b, (ctx,) * b))
     grid.append(((1,) * 16 + (128,), (256,) * 16 + (0,)))
     grid.append(((1,) * 8 + (64, 64), (128,) * 8 + (0, 256)))
+    # decodes of unequal contexts (padded attention) and a full step of prefills of unequal
+    # lengths next to decodes, as continuous batching produces them
+    grid.append(((1,) * 24, tuple(range(32, 752, 30))))
+    grid.append(((1,) * 16 + (400, 320, 260, 200, 160, 120, 90, 60, 40),
+                 tuple(range(100, 420, 20)) + (0,) * 9))
     return [(q, s) for q, s in grid if max(a + b for a, b in zip(q, s, strict=True)) <= max_len]
 
 
@@ -85,8 +90,13 @@ def shape_of(entry: Shape) -> StepShape:
 
 
 def measure_torch(model_dir: str, grid: Sequence[Shape], repeats: int = 5,
-                  block_size: int = 16, clock: str = "wall") -> list[float]:
-    """Median time of `TorchExecutor.execute` for each grid entry (float32, CPU)."""
+                  block_size: int = 16, clock: str = "wall", warm_s: float = 0.02,
+                  max_warm: int = 10) -> list[float]:
+    """Median time of `TorchExecutor.execute` for each grid entry (float32, CPU).
+
+    Each timed run follows about `warm_s` seconds (at most `max_warm` runs) of untimed runs
+    of the same shape, so a small step is not timed in the wake of a large one.
+    """
     import torch
 
     from schedlab.config import EngineConfig
@@ -115,14 +125,24 @@ def measure_torch(model_dir: str, grid: Sequence[Shape], repeats: int = 5,
             plan.scheduled.append(ScheduledRequest(req, q, s, list(range(block, block + nb))))
             block += nb
         plan.num_batched_tokens = sum(qs)
-        ex.execute(plan)  # warm-up
         plans.append(plan)
-    # NOTE: repeats sweep the whole grid in turn, so a burst of load from other processes
-    # spreads over shapes instead of spoiling every repeat of one.
-    runs: list[list[float]] = [[] for _ in plans]
     timer = TIMERS[clock]
+    warm = []
+    for plan in plans:
+        ex.execute(plan)  # first-call costs
+        t0 = timer()
+        ex.execute(plan)
+        warm.append(min(max_warm, round(warm_s / max(timer() - t0, 1e-6))))
+    # NOTE: repeats sweep the whole grid in turn, so a burst of load from other processes
+    # spreads over shapes instead of spoiling every repeat of one. A step right after a much
+    # larger one runs slower (caches hold the other step's activations), while in a served run
+    # a step mostly follows steps like it; so each timing follows untimed runs of its shape
+    # (about `warm_s` of them; none for a step that long itself).
+    runs: list[list[float]] = [[] for _ in plans]
     for _ in range(repeats):
-        for plan, out in zip(plans, runs, strict=True):
+        for plan, out, n in zip(plans, runs, warm, strict=True):
+            for _ in range(n):
+                ex.execute(plan)
             t0 = timer()
             ex.execute(plan)
             out.append(timer() - t0)

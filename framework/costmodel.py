@@ -14,6 +14,16 @@ from schedlab.hardware import HardwareProfile
 from schedlab.model import ModelSpec
 from schedlab.scheduler import SchedulerOutput
 
+#: decodes a padded backend attends together, longest context first (the SDPA reference
+#: backend's `DECODE_GROUP_SIZE`); each group reads K/V up to its own longest context
+PAD_GROUP = 8
+
+
+def padded_decode_kv(contexts: Sequence[int], group: int = PAD_GROUP) -> int:
+    """K/V tokens read by decodes of `contexts` attended in groups of `group`, longest first."""
+    ctx = sorted(contexts, reverse=True)
+    return sum(ctx[i] * len(ctx[i : i + group]) for i in range(0, len(ctx), group))
+
 
 @dataclass(frozen=True, slots=True)
 class StepShape:
@@ -27,8 +37,9 @@ class StepShape:
         attn_pairs: causal (query, key) pairs summed over sequences.
         kv_tokens: context tokens whose K/V is read, summed over sequences.
         num_swapped_blocks: KV blocks copied between host and device before the step.
-        padded_kv_tokens: `kv_tokens` when every decode reads up to the longest decode
-            context of the step (a padded batch, as the SDPA reference backend gathers).
+        padded_kv_tokens: `kv_tokens` when decodes are attended in groups of `PAD_GROUP`,
+            longest context first, each padded to its group's longest context (as the SDPA
+            reference backend gathers them).
     """
 
     num_tokens: int
@@ -47,30 +58,30 @@ class StepShape:
         pairs = sum(q * s + q * (q + 1) // 2 for q, s in zip(query_lens, starts, strict=True))
         ctx = [q + s for q, s in zip(query_lens, starts, strict=True)]
         dec = [c for q, c in zip(query_lens, ctx, strict=True) if q == 1]
+        kv = sum(ctx)
         return cls(
             num_tokens=sum(query_lens),
             num_seqs=len(query_lens),
             num_prefills=sum(1 for q in query_lens if q > 1),
             num_sampled=len(query_lens) if sampled is None else sum(map(bool, sampled)),
             attn_pairs=pairs,
-            kv_tokens=sum(ctx),
-            padded_kv_tokens=sum(ctx) - sum(dec) + len(dec) * max(dec, default=0),
+            kv_tokens=kv,
+            padded_kv_tokens=kv - sum(dec) + padded_decode_kv(dec),
         )
 
     @classmethod
     def from_plan(cls, plan: SchedulerOutput, samples: list[bool] | None = None) -> StepShape:
         """The plan's shape; `samples`, if given, receives whether each request samples."""
-        tokens = prefills = sampled = pairs = kv = decodes = dec_kv = dec_max = 0
+        tokens = prefills = sampled = pairs = kv = dec_kv = 0
+        dec: list[int] = []
         for sr in plan.scheduled:
             q, s = sr.num_new_tokens, sr.start
             tokens += q
             kv += q + s
             if q == 1:
                 pairs += s + 1
-                decodes += 1
                 dec_kv += s + 1
-                if s >= dec_max:
-                    dec_max = s + 1
+                dec.append(s + 1)
             else:
                 prefills += 1
                 pairs += q * s + q * (q + 1) // 2
@@ -79,7 +90,7 @@ class StepShape:
             if samples is not None:
                 samples.append(done)
         return cls(tokens, len(plan.scheduled), prefills, sampled, pairs, kv,
-                   len(plan.swap_in) + len(plan.swap_out), kv - dec_kv + decodes * dec_max)
+                   len(plan.swap_in) + len(plan.swap_out), kv - dec_kv + padded_decode_kv(dec))
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,14 @@ def test_padded_decode_attention_reads_up_to_the_longest_context():
     assert padded.attention_memory / paged.attention_memory == pytest.approx(208 / 118)
 
 
+def test_padded_decode_attention_pads_each_group_of_eight_to_its_longest():
+    # ten decodes, longest first: 100, 90, ..., 10; groups [100..30] and [20, 10]
+    ctx = [10 * i for i in range(10, 0, -1)]
+    shape = StepShape.from_lens([1] * 10, [c - 1 for c in ctx])
+    assert shape.kv_tokens == 550
+    assert shape.padded_kv_tokens == 8 * 100 + 2 * 20
+
+
 def test_hardware_profiles_resolve_and_round_trip(tmp_path):
     assert resolve_hardware("h100") is H100
     assert resolve_hardware("H100").name == "H100-SXM"
