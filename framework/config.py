@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -75,6 +76,24 @@ class EngineConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"{key}={v!r} must be a positive integer")
 
+        if not isinstance(self.model, str) or not self.model:
+            raise ConfigError(f"model={self.model!r} must be a checkpoint directory or preset name")
+        for kind in ("scheduler", "kv_allocator", "prefix_cache", "attention", "queue",
+                     "executor", "dtype", "device"):
+            if not isinstance(getattr(self, kind), str):
+                raise ConfigError(f"{kind}={getattr(self, kind)!r} must be a name (a string)")
+            if kind not in ("dtype", "device"):
+                options = getattr(self, f"{kind}_options")
+                if not isinstance(options, Mapping):
+                    raise ConfigError(f"{kind}_options={options!r} must be a mapping of "
+                                      "keyword arguments")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"seed={self.seed!r} must be an integer")
+        if isinstance(self.gpu_memory_utilization, bool) or not isinstance(
+            self.gpu_memory_utilization, int | float
+        ):
+            raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be "
+                              "a number in (0, 1]")
         positive("block_size")
         positive("max_num_seqs")
         positive("max_num_batched_tokens", allow_none=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import numbers
 import time
 from collections.abc import Callable
 
@@ -25,6 +26,10 @@ def _build(kind: str, cls: type, options: dict, *args):
         raise ConfigError(
             f"{kind}_options {sorted(options)} not accepted by {cls.__name__}: {e}"
         ) from None
+
+
+def _is_token_id(t: object) -> bool:
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
 
 
 class Engine:
@@ -148,14 +153,17 @@ class Engine:
         if rid in self.requests:
             raise ValueError(f"request_id {rid!r} is already in use")
         now = self.clock.now()
+        ids = list(prompt_token_ids)
+        if all(_is_token_id(t) for t in ids):
+            ids = [int(t) for t in ids]  # numpy / torch integers become plain ints
         req = Request(
             request_id=rid,
-            prompt_token_ids=list(prompt_token_ids),
+            prompt_token_ids=ids,
             sampling_params=sp,
             arrival_time=now if arrival_time is None else arrival_time,
             priority=priority,
             expected_output_len=expected_output_len,
-            eos_token_id=next(iter(self.model_spec.eos_token_ids), None),
+            eos_token_ids=frozenset(self.model_spec.eos_token_ids),
         )
         self.requests[rid] = req
         reason = self._why_invalid(req)
@@ -173,6 +181,9 @@ class Engine:
         if n == 0:
             return "empty prompt: a request needs at least one prompt token"
         vocab = self.model_spec.vocab_size
+        odd = next((t for t in req.prompt_token_ids if not _is_token_id(t)), None)
+        if odd is not None:
+            return f"prompt token {odd!r} is not an integer token id"
         bad = next((t for t in req.prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             return f"prompt token id {bad} is outside the vocabulary [0, {vocab})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -27,17 +28,24 @@ class LLM:
 
     def _submit(self, prompts: Prompt | Sequence[Prompt],
                 sampling_params: SamplingParams | Sequence[SamplingParams] | None) -> list[Request]:
+        if hasattr(prompts, "tolist"):  # a numpy array or tensor of token ids
+            prompts = prompts.tolist()
         if isinstance(prompts, str) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], numbers.Integral)
         ):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
+        elif isinstance(sampling_params, Sequence) and all(
+            isinstance(p, SamplingParams) for p in sampling_params
+        ):
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling_params")
+        else:
+            raise TypeError("sampling_params must be a SamplingParams or a list of them, got "
+                            f"{type(sampling_params).__name__}")
         reqs = []
         for prompt, sp in zip(prompts, params, strict=True):
             if isinstance(prompt, str):
@@ -47,6 +55,8 @@ class LLM:
                 ids = self.tokenizer.encode(prompt, add_special_tokens=False)
                 text = prompt
             else:
+                if hasattr(prompt, "tolist"):
+                    prompt = prompt.tolist()
                 ids, text = list(prompt), None
             req = self.engine.add_request(ids, sp)
             self._prompts[req.request_id] = text
@@ -65,8 +75,19 @@ class LLM:
         `reject_reason`; the others still complete.
         """
         reqs = self._submit(prompts, sampling_params)
-        self.engine.run_until_done()
+        try:
+            self.engine.run_until_done()
+        except BaseException:
+            self._abort_unfinished(reqs)
+            raise
         return [self._output(r) for r in reqs]
+
+    def _abort_unfinished(self, reqs: list[Request]) -> None:
+        """After an error (or an interrupt) mid-run, end this call's requests so the next
+        call does not inherit them."""
+        for r in reqs:
+            if not r.is_finished:
+                self.engine.abort(r.request_id)
 
     def stream(
         self,
@@ -76,12 +97,15 @@ class LLM:
         """Like `generate`, but yields a cumulative `RequestOutput` each time a request gets
         a token (and once for each rejected request), as the tokens are produced."""
         reqs = self._submit(prompts, sampling_params)
-        for r in reqs:
-            if r.reject_reason is not None:
-                yield self._output(r)
-        while self.engine.has_unfinished():
-            for r in self.engine.step():
-                yield self._output(r)
+        try:
+            for r in reqs:
+                if r.reject_reason is not None:
+                    yield self._output(r)
+            while self.engine.has_unfinished():
+                for r in self.engine.step():
+                    yield self._output(r)
+        finally:  # an error, or the caller stopped iterating early
+            self._abort_unfinished(reqs)
 
     def _output(self, r: Request) -> RequestOutput:
         text = None

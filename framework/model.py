@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,13 @@ class ModelSpec:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModelSpec:
-        """Read a checkpoint directory's config.json (no weights are loaded)."""
+        """Read a checkpoint directory's config.json (no weights are loaded).
+
+        EOS ids are those of config.json plus generation_config.json's (as vLLM and
+        `generate()` use them: Llama-3-Instruct ends turns with a second EOS id there).
+        """
+        import json
+
         from transformers import AutoConfig
 
         p = Path(path)
@@ -81,7 +87,14 @@ class ModelSpec:
                 f"model={str(path)!r} is not a checkpoint directory (no config.json there); "
                 "nothing is downloaded: pass a local Hugging Face model directory"
             )
-        return cls.from_hf_config(AutoConfig.from_pretrained(p))
+        spec = cls.from_hf_config(AutoConfig.from_pretrained(p))
+        gen = p / "generation_config.json"
+        if gen.is_file():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            extra = eos if isinstance(eos, list) else [] if eos is None else [eos]
+            merged = tuple(dict.fromkeys([*spec.eos_token_ids, *extra]))
+            spec = replace(spec, eos_token_ids=merged)
+        return spec
 
 
 @dataclass(slots=True)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import enum
+import math
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -32,14 +35,36 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+        def integer(name: str, v: object) -> int:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {v!r}")
+            return int(v)
+
+        def real(name: str, v: object) -> float:
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+            return float(v)
+
+        self.max_tokens = integer("max_tokens", self.max_tokens)
+        if self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        self.temperature = real("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        self.top_p = real("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        self.top_k = integer("top_k", self.top_k)
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1, 0 (disabled) or positive, got {self.top_k!r}")
+        if self.seed is not None:
+            self.seed = integer("seed", self.seed)
+        if isinstance(self.stop_token_ids, str | bytes) or not isinstance(
+            self.stop_token_ids, Iterable
+        ):
+            raise ValueError(f"stop_token_ids must be a list of token ids, got "
+                             f"{self.stop_token_ids!r}")
+        self.stop_token_ids = [integer("stop_token_ids[]", t) for t in self.stop_token_ids]
 
     @property
     def greedy(self) -> bool:
@@ -99,7 +124,8 @@ class Request:
     arrival_time: float = 0.0
     priority: int = 0
     expected_output_len: int | None = None
-    eos_token_id: int | None = None
+    #: token ids that end the request unless `ignore_eos` (a checkpoint may have several)
+    eos_token_ids: frozenset[int] = frozenset()
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0

@@ -155,7 +155,7 @@ class Scheduler(ABC):
             if m.first_token_time is None:
                 m.first_token_time = now
             sp = req.sampling_params
-            if not sp.ignore_eos and token == req.eos_token_id:
+            if not sp.ignore_eos and token in req.eos_token_ids:
                 self._finish(req, RequestStatus.FINISHED_STOPPED, now)
             elif sp.stop_token_ids and token in sp.stop_token_ids:
                 self._finish(req, RequestStatus.FINISHED_STOPPED, now)

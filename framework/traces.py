@@ -88,15 +88,18 @@ def load_trace(spec: Mapping[str, Any], vocab_size: int,
         rows = _csv(path, fmt, vocab_size, rng, spec.get("model"))
     out: list[WorkloadRequest] = []
     times: list[float | None] = []
-    for i, (t, prompt, n_out, priority) in enumerate(rows):
-        if max_rows is not None and i >= max_rows:
-            break
-        if not prompt or n_out <= 0:
-            continue
-        out.append(WorkloadRequest(prompt, n_out, priority=priority))
-        times.append(t)
-        if num is not None and len(out) >= num:
-            break
+    try:
+        for i, (t, prompt, n_out, priority) in enumerate(rows):
+            if max_rows is not None and i >= max_rows:
+                break
+            if not prompt or n_out <= 0:
+                continue
+            out.append(WorkloadRequest(prompt, n_out, priority=priority))
+            times.append(t)
+            if num is not None and len(out) >= num:
+                break
+    except UnicodeDecodeError as e:
+        raise WorkloadError(f"{path.name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not out:
         raise WorkloadError(f"{path.name}: no usable rows (a row needs a prompt and output tokens)")
     known = [t for t in times if t is not None]
@@ -142,7 +145,7 @@ def _sharegpt(path: Path, vocab_size: int) -> Iterator[_Row]:
 
 def _json_records(path: Path) -> Iterator[tuple[int, Any]]:
     """(line, value) for each element of a JSON array, or each line of a JSONL file."""
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")
     stripped = text.lstrip()
     if not stripped.startswith("["):
         for n, raw in enumerate(text.splitlines(), 1):
@@ -219,7 +222,7 @@ _COLUMNS = {
 def _csv(path: Path, fmt: str, vocab_size: int, rng: np.random.Generator,
          model: str | None) -> Iterator[_Row]:
     cols = _COLUMNS[fmt]
-    with path.open(newline="", encoding="utf-8") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader, [])]
         missing = [c for c in cols if c not in header]

@@ -154,6 +154,9 @@ def sample_lengths(dist: Any, n: int, rng: np.random.Generator, key: str) -> np.
         raise WorkloadError(f"workload.{key}: need 1 <= min <= max, got min={lo}, max={hi}")
     if name == "fixed":
         v = _num(dist, "value", key, dist.get("mean"))
+        if not lo <= v <= hi:
+            raise WorkloadError(f"workload.{key}={v:g} must be within [{lo:g}, {hi:g}] (a length "
+                                "is at least 1 token)")
         out = np.full(n, v, dtype=float)
     elif name == "uniform":
         if "range_ratio" in dist:

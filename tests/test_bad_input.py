@@ -124,3 +124,64 @@ def test_string_prompt_needs_tokenizer(tmp_path, llama_dir):
     with pytest.raises(ValueError, match="tokenizer"):
         llm.generate("hello")
     assert llm.generate([[3, 4]], SamplingParams(max_tokens=2))[0].outputs[0].text is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"seed": "a"}, "seed must be an integer"),
+        ({"top_k": 1.5}, "top_k must be an integer"),
+        ({"stop_token_ids": 5}, "stop_token_ids must be a list"),
+        ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"temperature": None}, "temperature must be a finite number"),
+        ({"top_p": "0.9"}, "top_p must be a finite number"),
+    ],
+)
+def test_sampling_params_of_the_wrong_type(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"device": None}, "device=None"),
+        ({"seed": "x"}, "seed='x' must be an integer"),
+        ({"gpu_memory_utilization": "0.5"}, "gpu_memory_utilization='0.5'"),
+        ({"scheduler_options": None}, "scheduler_options=None must be a mapping"),
+    ],
+)
+def test_engine_config_of_the_wrong_type(llama_dir, kwargs, words):
+    with pytest.raises(ConfigError, match=words):
+        LLM(llama_dir, **kwargs)
+
+
+def test_prompts_that_are_not_token_ids(llm):
+    import numpy as np
+
+    outs = llm.generate([[5, 6], ["a"], [1.5], np.array([5, 6, 7])],
+                        SamplingParams(temperature=0, max_tokens=3))
+    assert [o.outputs[0].finish_reason for o in outs] == ["length", "rejected", "rejected",
+                                                          "length"]
+    assert "'a' is not an integer token id" in outs[1].reject_reason
+    with pytest.raises(TypeError, match="sampling_params must be a SamplingParams"):
+        llm.generate([[5]], {"max_tokens": 3})
+
+
+def test_an_error_mid_run_leaves_the_llm_usable(llama_dir, monkeypatch):
+    llm = LLM(llama_dir, max_model_len=64, block_size=4)
+    executor = llm.engine.executor
+    real = executor.execute
+
+    def broken(plan):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(executor, "execute", broken)
+    with pytest.raises(RuntimeError, match="device lost"):
+        llm.generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=4))
+    monkeypatch.setattr(executor, "execute", real)
+    assert not llm.engine.has_unfinished(), "the failed call's requests were left queued"
+    out = llm.generate([[5, 6]], SamplingParams(temperature=0, max_tokens=3))[0]
+    assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 3
+    u = llm.engine.kv.usage()
+    assert u.free_blocks == u.num_blocks

@@ -253,3 +253,22 @@ def test_run_in_process_returns_metrics(tmp_path, llama_dir):
     assert metrics["completed"] == 3
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["completed"] == 3 and saved["config"]["model"]["path"] == llama_dir
+
+
+def test_missing_hardware_is_one_sentence(tmp_path, cache, monkeypatch):
+    """attention=triton on a CPU without the interpreter, or device=cuda without a GPU: the
+    engine cannot start; the command says why in one line, exit 2, no traceback."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: both configurations would run")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for overrides, expected in (
+        (["attention=triton"], "set TRITON_INTERPRET=1 before starting"),
+        (["engine.device=cuda"], "torch sees no CUDA device"),
+    ):
+        p = schedlab(["run", *overrides, *SMALL, "logger=none", "plots=false",
+                      f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, cache)
+        assert p.returncode == 2, p.stderr
+        assert "Traceback" not in p.stderr and expected in p.stderr, p.stderr
+        assert not (tmp_path / "run" / "results.json").exists()

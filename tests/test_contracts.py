@@ -262,3 +262,25 @@ def test_executor_contract(name, llama_dir):
         assert times == sorted(times) and r.metrics.first_token_time == times[0]
         assert r.metrics.finished_time == times[-1]
     assert all(s.step_time > 0 for s in eng.step_stats)
+
+
+def test_every_eos_id_ends_a_request():
+    """A checkpoint may have several EOS ids (Llama-3-Instruct's <|eot_id|>): each one stops."""
+    import dataclasses
+
+    from fakes import FAKE_SPEC
+
+    class TwoEos(FakeExecutor):
+        spec = dataclasses.replace(FAKE_SPEC, eos_token_ids=(0, 7))
+
+        def execute(self, plan):
+            out = super().execute(plan)
+            return type(out)([7 if t is not None else None for t in out.sampled_token_ids],
+                             out.step_time)
+
+    eng = Engine(EngineConfig(model="fake", max_model_len=64), executor_cls=TwoEos)
+    stops = eng.add_request([5, 6], SamplingParams(max_tokens=5))
+    runs_on = eng.add_request([5, 6], SamplingParams(max_tokens=5, ignore_eos=True))
+    eng.run_until_done(check=True)
+    assert stops.output_token_ids == [7] and stops.finish_reason == "stop"
+    assert runs_on.output_token_ids == [7] * 5 and runs_on.finish_reason == "length"

@@ -194,7 +194,7 @@ def drive(names: tuple[str, str, str, str], w: Workload) -> Scheduler:
     for i, (arrival, prompt, max_tokens, prio, exp) in enumerate(w.requests):
         sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
         r = Request(f"r{i}", prompt, sp, arrival_time=float(arrival), priority=prio,
-                    expected_output_len=exp, eos_token_id=EOS)
+                    expected_output_len=exp, eos_token_ids=frozenset({EOS}))
         pending[arrival].append(r)
     max_steps = 40 + 20 * sum(len(p) + m for _, p, m, _, _ in w.requests)
     for step in range(max_steps):

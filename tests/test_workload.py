@@ -228,3 +228,23 @@ def test_malformed_trace_names_file_and_line(tmp_path, fmt, name, text, line, wo
     assert name in msg and f"line {line}" in msg, msg
     for w in words:
         assert w in msg, msg
+
+
+def test_lengths_below_one_token_are_refused():
+    for spec in ({"input_len": -5, "output_len": 4}, {"input_len": 8, "output_len": 0},
+                 {"input_len": {"dist": "fixed", "value": 0}, "output_len": 4}):
+        with pytest.raises(WorkloadError, match="must be within"):
+            build_workload({"type": "synthetic", "num_requests": 3, **spec}, 512)
+
+
+def test_trace_that_is_not_utf8_or_has_a_bom(tmp_path):
+    bad = tmp_path / "latin.jsonl"
+    bad.write_bytes(b'\xff\xfe garbage\n')
+    with pytest.raises(WorkloadError, match="latin.jsonl: not UTF-8 text"):
+        build_workload({"type": "trace", "format": "jsonl", "path": str(bad)}, 512)
+    bom = tmp_path / "azure.csv"
+    bom.write_text("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n0.0,12,5\n1.5,20,3\n",
+                   encoding="utf-8")
+    reqs = build_workload({"type": "trace", "format": "azure", "path": str(bom)}, 512)
+    assert [len(r.prompt_token_ids) for r in reqs] == [12, 20]
+    assert [r.arrival_s for r in reqs] == [0.0, 1.5]

@@ -59,7 +59,9 @@ def execute(s: RunSettings) -> dict[str, Any]:
     s.model.prepare()
     try:
         engine = Engine(s.engine)
-    except (ValueError, OSError) as e:  # e.g. an executor rejecting its options
+    except (ValueError, OSError, RuntimeError) as e:
+        # e.g. an executor rejecting its options, attention=triton on a CPU without the
+        # interpreter, engine.device=cuda without a GPU: one sentence, no traceback
         if isinstance(e, user_errors()):
             raise
         raise ConfigError(f"the engine could not be built from this config: {e}") from None
