@@ -104,7 +104,6 @@ class Engine:
         self.step_stats: list[StepStats] = []
         self.step_callbacks: list[Callable[[StepStats], None]] = []
         self._ids = itertools.count()
-        self._num_steps = 0
 
     def _size_kv_pool(self, max_len: int) -> int:
         cfg = self.config
@@ -250,9 +249,8 @@ class Engine:
     def _record(self, plan, step_time: float, now: float, fw: float) -> None:
         u = self.kv.usage()
         num_prefill, num_decode = plan.token_counts()
-        self._num_steps += 1
         st = StepStats(
-            step=self._num_steps,
+            step=len(self.step_stats) + 1,
             time=now,
             step_time=step_time,
             num_running=len(self.scheduler.running),

@@ -57,6 +57,8 @@ class TorchExecutor(Executor):
         ).to(self.device)
         self.model.eval()
         self.backend: AttentionBackend | None = None
+        #: swap preemption's host pool: host slot -> per-layer (k, v) of one block
+        self.host_kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(config.seed)
         self.clock = WallClock()
@@ -83,22 +85,7 @@ class TorchExecutor(Executor):
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
         t0 = time.perf_counter()
         if plan.swap_out or plan.swap_in:
-            # Swap preemption, before the forward. NOTE: every read (device blocks going out,
-            # host slots coming in) happens before any write, so a block or slot freed and
-            # reused within this plan is copied correctly in either direction.
-            host = self.__dict__.setdefault("host_kv", {})  # host slot -> per-layer (k, v)
-            out_data = (self.backend.copy_blocks_out([d for d, _ in plan.swap_out])
-                        if plan.swap_out else [])
-            in_data = [host.pop(h) for h, _ in plan.swap_in]
-            for j, (_, h) in enumerate(plan.swap_out):
-                host[h] = [(k[j].clone(), v[j].clone()) for k, v in out_data]
-            if plan.swap_in:
-                layers = zip(*in_data, strict=True)  # per layer: one (k, v) per swapped-in block
-                self.backend.copy_blocks_in(
-                    [d for _, d in plan.swap_in],
-                    [(torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv]))
-                     for kv in layers],
-                )
+            self._swap(plan)
         input_ids, positions, meta, logits_idx, order = self.prepare(plan)
         out = self.model(
             input_ids=input_ids,
@@ -118,6 +105,28 @@ class TorchExecutor(Executor):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return ExecutorOutput(sampled, time.perf_counter() - t0)
+
+    def _swap(self, plan: SchedulerOutput) -> None:
+        """Swap preemption, before the forward: device blocks out to host slots, host slots
+        back into device blocks.
+
+        NOTE: every read (device blocks going out, host slots coming in) happens before any
+        write, so a block or slot freed and reused within this plan is copied correctly in
+        either direction.
+        """
+        host = self.host_kv
+        out_data = (self.backend.copy_blocks_out([d for d, _ in plan.swap_out])
+                    if plan.swap_out else [])
+        in_data = [host.pop(h) for h, _ in plan.swap_in]
+        for j, (_, h) in enumerate(plan.swap_out):
+            host[h] = [(k[j].clone(), v[j].clone()) for k, v in out_data]
+        if plan.swap_in:
+            layers = zip(*in_data, strict=True)  # per layer: one (k, v) per swapped-in block
+            self.backend.copy_blocks_in(
+                [d for _, d in plan.swap_in],
+                [(torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv]))
+                 for kv in layers],
+            )
 
     def prepare(self, plan: SchedulerOutput):
         """Pack a plan into model inputs and attention metadata.
