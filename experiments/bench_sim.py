@@ -18,10 +18,10 @@ import pstats
 import time
 
 from schedlab.config import EngineConfig
-from schedlab.driver import run_workload
 from schedlab.engine import Engine
-from schedlab.metrics import compute_metrics
-from schedlab.workload import build_workload
+from schedlab.runs.driver import run_workload
+from schedlab.runs.metrics import compute_metrics
+from schedlab.runs.workload import build_workload
 
 SPEED_WORKLOAD = {
     "type": "synthetic",
@@ -72,10 +72,10 @@ def bench_speed(num_requests: int, profile: bool) -> None:
 def bench_fidelity(profile_path: str | None, size: str, threads: int, clock: str) -> None:
     import torch
 
-    from schedlab.calibrate import calibrate
-    from schedlab.hardware import HardwareProfile
+    from schedlab.sim.calibrate import calibrate
+    from schedlab.sim.hardware import HardwareProfile
+    from schedlab.sim.validate import METRICS, validate
     from schedlab.tiny import build_tiny_model
-    from schedlab.validate import METRICS, validate
 
     torch.set_num_threads(threads)
     model = str(build_tiny_model(size=size))

@@ -2,7 +2,7 @@
 
     python experiments/summarize.py <multirun dir> [--experiment NAME] [--publish]
 
-Reads every results.json under the sweep directory (`schedlab.report.find_runs`), groups the
+Reads every results.json under the sweep directory (`schedlab.runs.report.find_runs`), groups the
 runs by the swept parameters except the seed, and writes `<name>_<mode>.md`, `.csv` and `.png`
 into the sweep directory; `--publish` copies them to `experiments/results/`. The experiment
 (its columns, derived metrics, notes and figure) is looked up in `summaries.SPECS` by
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from summaries import SPECS, Metric, Spec  # noqa: E402
 
-from schedlab.report import ReportError, RunRecord, find_runs, swept_parameters  # noqa: E402
+from schedlab.runs.report import ReportError, RunRecord, find_runs, swept_parameters  # noqa: E402
 
 #: config keys that vary between seeds of one point and are never a grouping parameter
 SEED_KEYS = ("seed", "engine.seed")

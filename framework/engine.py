@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import numbers
 import time
-from collections.abc import Callable
 
 from schedlab import registry
 from schedlab.config import ConfigError, EngineConfig, parse_bytes
@@ -13,7 +12,7 @@ from schedlab.executor import Executor
 from schedlab.kv_manager import KVCacheManager
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerConfig
-from schedlab.stats import StepStats
+from schedlab.stats import EngineCounters, StepStats
 
 #: KV pool used when neither num_kv_blocks nor kv_cache_memory is set (and not on a GPU)
 DEFAULT_KV_MEMORY = 1 << 30
@@ -95,14 +94,12 @@ class Engine:
             max_num_batched_tokens=budget,
             max_model_len=max_len,
             long_prefill_threshold=cfg.long_prefill_threshold,
-            preemption_mode=cfg.preemption_mode,
         )
         self.scheduler: Scheduler = _build("scheduler", sched_cls, cfg.scheduler_options,
                                            sched_cfg, self.kv, queue)
         self.clock = self.executor.clock
         self.requests: dict[str, Request] = {}
         self.step_stats: list[StepStats] = []
-        self.step_callbacks: list[Callable[[StepStats], None]] = []
         self._ids = itertools.count()
 
     def _size_kv_pool(self, max_len: int) -> int:
@@ -141,8 +138,22 @@ class Engine:
         arrival_time: float | None = None,
         priority: int = 0,
         expected_output_len: int | None = None,
+        client_id: str | None = None,
+        deadline_ms: float | None = None,
+        slo_class: str | None = None,
     ) -> Request:
         """Submit a request. A request that can never run comes back REJECTED with a reason.
+
+        Args:
+            prompt_token_ids: the prompt.
+            sampling_params: how to sample (default `SamplingParams()`).
+            request_id: a unique id (default: a counter).
+            arrival_time: on the engine clock (default: now).
+            priority: lower runs first under a priority-aware queue.
+            expected_output_len: an output-length hint for length-aware policies.
+            client_id: the tenant, for fairness policies and per-client metrics.
+            deadline_ms: latency objective after arrival, for deadline-aware policies.
+            slo_class: a named SLO tier, for per-class metrics.
 
         Returns:
             The request (queued, or rejected with `reject_reason` set).
@@ -162,6 +173,9 @@ class Engine:
             arrival_time=now if arrival_time is None else arrival_time,
             priority=priority,
             expected_output_len=expected_output_len,
+            client_id=client_id,
+            deadline_ms=deadline_ms,
+            slo_class=slo_class,
             eos_token_ids=frozenset(self.model_spec.eos_token_ids),
         )
         self.requests[rid] = req
@@ -236,15 +250,9 @@ class Engine:
     def _unstick(self) -> None:
         # NOTE: with validated requests an empty plan means nothing is queued; should a policy
         # ever stall with work left, its head request is rejected rather than left waiting.
-        s = self.scheduler
-        if not s.running and s.waiting:
-            req = s.waiting.pop()
-            s.kv.free(req)  # a swapped-out request holds host slots
-            req.status = RequestStatus.REJECTED
-            req.finish_reason = RequestStatus.REJECTED.value
-            req.reject_reason = (f"scheduler {self.config.scheduler!r} could not schedule it "
-                                 "with the KV pool and token budget it has")
-            req.metrics.finished_time = self.clock.now()
+        self.scheduler.reject_stalled(
+            f"scheduler {self.config.scheduler!r} could not schedule it with the KV pool and "
+            "token budget it has", self.clock.now())
 
     def _record(self, plan, step_time: float, now: float, fw: float) -> None:
         u = self.kv.usage()
@@ -268,8 +276,24 @@ class Engine:
             framework_time=fw,
         )
         self.step_stats.append(st)
-        for cb in self.step_callbacks:
-            cb(st)
+
+    def counters(self) -> EngineCounters:
+        """Cumulative counters and the current load, for drivers, servers and reports. No
+        state change."""
+        s, kv = self.scheduler, self.kv
+        u = kv.usage()
+        return EngineCounters(
+            num_steps=len(self.step_stats),
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            num_preemptions=s.num_preemptions,
+            num_swaps=s.num_swaps,
+            num_prefix_hit_tokens=kv.num_prefix_hit_tokens,
+            num_prefix_query_tokens=kv.num_prefix_query_tokens,
+            num_kv_blocks=u.num_blocks,
+            kv_used_blocks=u.used_blocks,
+            kv_free_blocks=u.free_blocks,
+        )
 
     def run_until_done(self, check: bool = False) -> None:
         """Step until every submitted request has finished. `check` runs `check_integrity()`

@@ -122,8 +122,16 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_time: float = 0.0
+    #: lower runs first under a priority queue (vLLM's convention)
     priority: int = 0
+    #: the output length a length-aware policy may use (an oracle); None: unknown
     expected_output_len: int | None = None
+    #: who sent it (a tenant / user): fairness policies and per-client metrics group by it
+    client_id: str | None = None
+    #: the latency objective, in ms after arrival, that deadline-aware policies order by
+    deadline_ms: float | None = None
+    #: a named SLO tier ("interactive", "batch", ...): per-class metrics group by it
+    slo_class: str | None = None
     #: token ids that end the request unless `ignore_eos` (a checkpoint may have several)
     eos_token_ids: frozenset[int] = frozenset()
     output_token_ids: list[int] = field(default_factory=list)

@@ -25,16 +25,15 @@ class SchedulerConfig:
         max_num_batched_tokens: the most tokens in one step (prefill + decode).
         max_model_len: the longest sequence, prompt plus output.
         long_prefill_threshold: chunk size cap for one prefill in one step (0: the budget).
-        preemption_mode: "recompute" (free KV, recompute later) or "swap" (copy to host). The
-            mechanism follows the KV manager's host pool (`num_swap_blocks`, 0 in recompute
-            mode); this field records the choice.
+
+    Swap vs recompute preemption is not a scheduler setting: it follows the KV manager's host
+    pool (`KVCacheManager.num_swap_blocks`, 0 in recompute mode).
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 2048
     long_prefill_threshold: int = 0
-    preemption_mode: str = "recompute"
 
 
 @dataclass(slots=True)
@@ -190,6 +189,23 @@ class Scheduler(ABC):
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or bool(self.waiting)
+
+    def reject_stalled(self, reason: str, now: float) -> Request | None:
+        """When nothing runs but requests wait and the policy planned nothing, reject the head
+        of the queue with `reason`, so no request waits forever. Changes state.
+
+        Returns:
+            The rejected request, or None when nothing was stalled.
+        """
+        if self.running or not self.waiting:
+            return None
+        req = self.waiting.pop()
+        self.kv.free(req)  # a swapped-out request holds host slots
+        req.status = RequestStatus.REJECTED
+        req.finish_reason = RequestStatus.REJECTED.value
+        req.reject_reason = reason
+        req.metrics.finished_time = now
+        return req
 
     # ---- helpers for policies ------------------------------------------------------------
     def num_tokens_to_run(self, remaining: int, budget: int) -> int:

@@ -25,3 +25,27 @@ class StepStats:
     kv_reserved_tokens: int
     kv_used_tokens: int
     framework_time: float = 0.0  # schedule + update_from_output wall time (s)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCounters:
+    """Cumulative counters since the engine was built, and its load now (`Engine.counters()`).
+
+    A run's share is the difference of two snapshots.
+    """
+
+    num_steps: int
+    num_running: int
+    num_waiting: int
+    num_preemptions: int  # recompute and swap
+    num_swaps: int  # preemptions whose KV went to host memory
+    num_prefix_hit_tokens: int  # prompt tokens served from the prefix cache
+    num_prefix_query_tokens: int  # prompt tokens looked up in the prefix cache
+    num_kv_blocks: int
+    kv_used_blocks: int
+    kv_free_blocks: int
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV pool held by live requests."""
+        return self.kv_used_blocks / self.num_kv_blocks if self.num_kv_blocks else 0.0

@@ -64,7 +64,7 @@ def traces(tmp_path_factory) -> dict[str, Path]:
     (d / "trace.jsonl").write_text('{"arrival_s": 0, "prompt_tokens": 9, "output_tokens": 3}\n'
                                    '{"arrival_s": 0.1, "prompt": "hello there", '
                                    '"output_tokens": 2}\n')
-    from schedlab.hardware import PRESETS
+    from schedlab.sim.hardware import PRESETS
 
     PRESETS["h100"].save(d / "profile.json")  # for hardware configs that load a profile file
     return {"sharegpt": d / "sharegpt.json", "azure": d / "azure.csv",
@@ -132,7 +132,7 @@ def test_config_composes_and_builds(group, option, base_overrides, llama_dir, tr
                 pytest.skip(f"plugin not implemented yet: {e}")
             raise
     from schedlab.engine import Engine
-    from schedlab.workload import build_workload
+    from schedlab.runs.workload import build_workload
 
     settings.model.prepare()
     try:

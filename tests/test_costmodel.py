@@ -8,14 +8,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from schedlab.costfit import fit_profile, nnls
-from schedlab.costmodel import CostModel, StepShape
-from schedlab.hardware import PRESETS, HardwareProfile, resolve_hardware
 from schedlab.model import ModelSpec
-from schedlab.model_presets import PRESETS as MODELS
-from schedlab.model_presets import load_config_dir, resolve_model
 from schedlab.request import Request, SamplingParams
 from schedlab.scheduler import ScheduledRequest, SchedulerOutput
+from schedlab.sim.costfit import fit_profile, nnls
+from schedlab.sim.costmodel import CostModel, StepShape
+from schedlab.sim.hardware import PRESETS, HardwareProfile, resolve_hardware
+from schedlab.sim.model_presets import PRESETS as MODELS
+from schedlab.sim.model_presets import load_config_dir, resolve_model
 
 LLAMA8B = MODELS["llama3_8b"].spec
 H100 = PRESETS["h100"]

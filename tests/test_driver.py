@@ -8,13 +8,13 @@ import pytest
 from fakes import FakeExecutor
 
 from schedlab.config import EngineConfig
-from schedlab.driver import run_workload
 from schedlab.engine import Engine
-from schedlab.metrics import compute_metrics
-from schedlab.plots import write_plots
 from schedlab.request import RequestStatus
-from schedlab.results import collect_environment, format_table, write_results
-from schedlab.workload import WorkloadRequest, build_workload
+from schedlab.runs.driver import run_workload
+from schedlab.runs.metrics import compute_metrics
+from schedlab.runs.plots import write_plots
+from schedlab.runs.results import collect_environment, format_table, write_results
+from schedlab.runs.workload import WorkloadRequest, build_workload
 
 
 def real_engine(model_dir: str, **kw) -> Engine:

@@ -118,7 +118,7 @@ def test_each_experiment_has_a_real_and_a_sim_config(name):
 
 def _fake_runs(root: Path, name: str) -> int:
     """results.json files for a 2 x 2 grid (x seeds) of plausible metrics; returns the points."""
-    from schedlab.results import write_results
+    from schedlab.runs.results import write_results
 
     grids = {
         "orca": [{"scheduler": {"name": s}, "workload": {"output_len": {"sigma": g}}}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from schedlab.driver import RunResult
-from schedlab.metrics import compute_metrics, parse_slo
 from schedlab.request import Request, RequestStatus, SamplingParams
+from schedlab.runs.driver import RunResult
+from schedlab.runs.metrics import compute_metrics, parse_slo
 from schedlab.stats import StepStats
 
 

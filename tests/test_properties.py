@@ -135,8 +135,7 @@ def build(names: tuple[str, str, str, str], w: Workload) -> Scheduler:
     cache = registry.load("prefix_cache", cache_name)(w.block_size)
     kv = KVCacheManager(alloc, cache, w.num_swap_blocks)
     cfg = SchedulerConfig(max_num_seqs=w.max_num_seqs, max_num_batched_tokens=w.budget,
-                          max_model_len=w.max_len, long_prefill_threshold=w.long_prefill_threshold,
-                          preemption_mode="swap" if w.num_swap_blocks else "recompute")
+                          max_model_len=w.max_len, long_prefill_threshold=w.long_prefill_threshold)
     return registry.load("scheduler", sched_name)(cfg, kv, registry.load("queue", queue_name)())
 
 

@@ -7,12 +7,12 @@ import csv
 import pytest
 
 from schedlab.config import EngineConfig
-from schedlab.driver import run_workload
 from schedlab.engine import Engine
-from schedlab.metrics import compute_metrics
-from schedlab.report import main
-from schedlab.results import write_results
-from schedlab.workload import build_workload
+from schedlab.runs.driver import run_workload
+from schedlab.runs.metrics import compute_metrics
+from schedlab.runs.report import main
+from schedlab.runs.results import write_results
+from schedlab.runs.workload import build_workload
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ import pytest
 
 from schedlab import registry
 from schedlab.config import ConfigError, EngineConfig
-from schedlab.costmodel import CostModel, StepShape
-from schedlab.driver import run_workload
 from schedlab.engine import Engine
-from schedlab.hardware import PRESETS
 from schedlab.request import RequestStatus
-from schedlab.workload import build_workload
+from schedlab.runs.driver import run_workload
+from schedlab.runs.workload import build_workload
+from schedlab.sim.costmodel import CostModel, StepShape
+from schedlab.sim.hardware import PRESETS
 
 SIM_H100 = dict(executor="sim", executor_options={"hardware": "h100"})
 WORKLOAD = {

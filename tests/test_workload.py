@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from schedlab.traces import text_to_token_ids
-from schedlab.workload import WorkloadError, build_workload
+from schedlab.runs.traces import text_to_token_ids
+from schedlab.runs.workload import WorkloadError, build_workload
 
 DATA = Path(__file__).parent / "data"
 VOCAB = 512

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from schedlab.plots import new_figure
+from schedlab.runs.plots import new_figure
 
 from .common import (
     RATE,

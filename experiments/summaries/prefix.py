@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from schedlab.plots import new_figure
+from schedlab.runs.plots import new_figure
 
 from .common import (
     Metric,

@@ -93,9 +93,9 @@ def plugins_command(args: Sequence[str]) -> int:
 
 #: subcommand -> (module, what it is) ; each module has main(argv) -> int
 DELEGATES = {
-    "report": ("schedlab.report", "the report"),
-    "calibrate": ("schedlab.calibrate", "the cost-model calibration"),
-    "validate": ("schedlab.validate", "the simulator validation"),
+    "report": ("schedlab.runs.report", "the report"),
+    "calibrate": ("schedlab.sim.calibrate", "the cost-model calibration"),
+    "validate": ("schedlab.sim.validate", "the simulator validation"),
 }
 
 

@@ -21,7 +21,7 @@ CONFIG_PACKAGE = "pkg://schedlab.conf"
 
 def user_errors() -> tuple[type[Exception], ...]:
     """Exceptions that mean a bad configuration or input, reported without a traceback."""
-    from schedlab.workload import WorkloadError
+    from schedlab.runs.workload import WorkloadError
 
     return ConfigError, PluginError, WorkloadError, OmegaConfBaseException
 
@@ -49,11 +49,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def execute(s: RunSettings) -> dict[str, Any]:
     """Run validated settings (see `run`)."""
-    from schedlab.driver import run_workload
     from schedlab.engine import Engine
-    from schedlab.metrics import compute_metrics
-    from schedlab.results import collect_environment, format_table, write_results
-    from schedlab.workload import build_workload
+    from schedlab.runs.driver import run_workload
+    from schedlab.runs.metrics import compute_metrics
+    from schedlab.runs.results import collect_environment, format_table, write_results
+    from schedlab.runs.workload import build_workload
 
     seed_everything(s.seed)
     s.model.prepare()
@@ -78,7 +78,7 @@ def execute(s: RunSettings) -> dict[str, Any]:
         path = write_results(s.output_dir, metrics, s.config, collect_environment())
         summary = json.loads(path.read_text())  # W&B's summary = results.json's scalars
         if s.plots:
-            from schedlab.plots import write_plots
+            from schedlab.runs.plots import write_plots
 
             write_plots(s.output_dir, result, metrics)
     except BaseException:
@@ -99,7 +99,7 @@ def _track(s: RunSettings, engine, summary: dict[str, Any], failed: bool = False
     NOTE: W&B is opened only once the workload is done: its background service and a call
     per step would compete with the engine for the CPU and inflate the latencies measured.
     """
-    from schedlab.tracking import open_tracker
+    from schedlab.runs.tracking import open_tracker
 
     tracker = open_tracker(s.tracking, s.output_dir, s.config)
     for stats in engine.step_stats:

@@ -14,7 +14,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from schedlab import registry
 from schedlab.config import ConfigError, EngineConfig
-from schedlab.tracking import TrackingConfig
+from schedlab.runs.tracking import TrackingConfig
 
 #: the config groups that name a plugin: group -> registry kind (the same names)
 PLUGIN_GROUPS = tuple(registry.GROUPS)
@@ -187,7 +187,7 @@ def build_settings(cfg: DictConfig, group: str | None = None,
 
 def _slo(value: Any) -> dict[str, float] | None:
     """`metrics.slo`: null, a mapping {ttft: 200, tpot: 50} or a string 'ttft=200,tpot=50' (ms)."""
-    from schedlab.metrics import SLO_KEYS, parse_slo
+    from schedlab.runs.metrics import SLO_KEYS, parse_slo
 
     if value is None:
         return None

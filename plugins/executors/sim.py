@@ -6,12 +6,12 @@ from typing import Any
 
 from schedlab.attention import KVCacheSpec
 from schedlab.config import ConfigError, EngineConfig
-from schedlab.costmodel import CostModel, StepShape
 from schedlab.executor import Executor, ExecutorOutput, VirtualClock
-from schedlab.hardware import HardwareProfile, resolve_hardware, with_overrides
 from schedlab.model import resolve_dtype
-from schedlab.model_presets import ModelPreset, resolve_model
 from schedlab.scheduler import SchedulerOutput
+from schedlab.sim.costmodel import CostModel, StepShape
+from schedlab.sim.hardware import HardwareProfile, resolve_hardware, with_overrides
+from schedlab.sim.model_presets import ModelPreset, resolve_model
 
 
 class SimExecutor(Executor):
@@ -53,8 +53,6 @@ class SimExecutor(Executor):
         self.tp = tp
         self.clock = VirtualClock()
         self.block_size = config.block_size
-        self.total_time = 0.0
-        self.num_steps = 0
         eos = set(self.model_spec.eos_token_ids)
         self.placeholder = next(t for t in range(len(eos) + 1) if t not in eos)
 
@@ -92,8 +90,6 @@ class SimExecutor(Executor):
         samples: list[bool] = []
         dt = self.cost_model.step_time(StepShape.from_plan(plan, samples), self.block_size)
         self.clock.advance(dt)
-        self.total_time += dt
-        self.num_steps += 1
         tok = self.placeholder
         sampled: list[int | None] = [tok if s else None for s in samples]
         for i, sr in enumerate(plan.scheduled):

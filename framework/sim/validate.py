@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from schedlab.hardware import HardwareProfile
+from schedlab.sim.hardware import HardwareProfile
 
 #: (metric key, label); latencies in ms, throughput in tok/s
 METRICS = (
@@ -66,12 +66,12 @@ def run_both(model_dir: str, profile: HardwareProfile, workload: dict[str, Any],
 
     `clock="cpu"` runs the real engine on a `CPUTimeClock` (this thread's CPU time).
     """
-    from schedlab.calibrate import use_clock
     from schedlab.config import EngineConfig
-    from schedlab.driver import run_workload
     from schedlab.engine import Engine
-    from schedlab.metrics import compute_metrics
-    from schedlab.workload import build_workload
+    from schedlab.runs.driver import run_workload
+    from schedlab.runs.metrics import compute_metrics
+    from schedlab.runs.workload import build_workload
+    from schedlab.sim.calibrate import use_clock
 
     base = EngineConfig(model=str(model_dir), dtype="float32", device="cpu", seed=seed,
                         **engine_kw)
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile:
         profile = HardwareProfile.load(args.profile)
     else:
-        from schedlab.calibrate import calibrate
+        from schedlab.sim.calibrate import calibrate
 
         print("no --profile: calibrating first")
         profile = calibrate(model, verbose=True, clock=args.clock).profile

@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from schedlab.costmodel import CostModel, RawTerms, StepShape
-from schedlab.hardware import HardwareProfile
 from schedlab.model import ModelSpec
+from schedlab.sim.costmodel import CostModel, RawTerms, StepShape
+from schedlab.sim.hardware import HardwareProfile
 
 #: fitted parameters: four efficiencies (their inverses are linear) and three overheads
 PARAMS = ("linear_efficiency", "attention_efficiency", "memory_efficiency", "kv_efficiency",

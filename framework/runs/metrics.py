@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from schedlab.driver import RunResult
 from schedlab.request import Request, RequestStatus
+from schedlab.runs.driver import RunResult
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 _SLO_ITEM = re.compile(r"\s*([a-z0-9_]+)\s*[=:]\s*([0-9.eE+-]+)\s*(?:ms)?\s*")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedlab.results import RESULTS_FILE, load_results
+from schedlab.runs.results import RESULTS_FILE, load_results
 
 #: metric columns of the comparison table, with their number formats
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -149,7 +149,7 @@ def write_report(runs: Sequence[RunRecord], out: Path) -> tuple[list[Path], str]
 
 
 def _tradeoff_plot(runs: Sequence[RunRecord], path: Path) -> Path:
-    from schedlab.plots import new_figure
+    from schedlab.runs.plots import new_figure
 
     params = swept_parameters(runs)
     categorical = [p for p in params if not all(_is_number(r.config.get(p)) for r in runs)]

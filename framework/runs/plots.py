@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from schedlab.driver import RunResult
+from schedlab.runs.driver import RunResult
 
 PLOTS_DIR = "plots"
 

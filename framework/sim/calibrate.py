@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from schedlab.costfit import PARAMS, FitResult, fit_profile
-from schedlab.costmodel import StepShape
 from schedlab.executor import Clock
-from schedlab.hardware import probe_cpu
+from schedlab.sim.costfit import PARAMS, FitResult, fit_profile
+from schedlab.sim.costmodel import StepShape
+from schedlab.sim.hardware import probe_cpu
 
 #: (query lengths, cached tokens before them), one entry per sequence
 Shape = tuple[tuple[int, ...], tuple[int, ...]]
@@ -157,9 +157,9 @@ def measure_host_overhead(model_dir: str, num_requests: int = 24, seed: int = 0,
     gap = a + b x (sequences in the step) by least squares. Returns (a, b) in seconds.
     """
     from schedlab.config import EngineConfig
-    from schedlab.driver import run_workload
     from schedlab.engine import Engine
-    from schedlab.workload import build_workload
+    from schedlab.runs.driver import run_workload
+    from schedlab.runs.workload import build_workload
 
     engine = Engine(EngineConfig(model=str(model_dir), dtype="float32", device="cpu"))
     use_clock(engine, clock)
@@ -195,7 +195,7 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
     real run, to the fitted overheads (the simulated clock has no other source of it).
     `clock="cpu"` times with this thread's CPU time (see `CPUTimeClock`).
     """
-    from schedlab.model_presets import load_config_dir
+    from schedlab.sim.model_presets import load_config_dir
 
     spec = load_config_dir(model_dir).spec
     grid = list(grid or default_grid(spec.max_position_embeddings))

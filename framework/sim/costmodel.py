@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schedlab.hardware import HardwareProfile
 from schedlab.model import ModelSpec
 from schedlab.scheduler import SchedulerOutput
+from schedlab.sim.hardware import HardwareProfile
 
 #: decodes a padded backend attends together, longest context first (the SDPA reference
 #: backend's `DECODE_GROUP_SIZE`); each group reads K/V up to its own longest context

@@ -9,12 +9,12 @@ wall clock really sleeps, a virtual clock jumps).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from schedlab.engine import Engine
 from schedlab.request import Request, SamplingParams
+from schedlab.runs.distributions import WorkloadRequest
 from schedlab.stats import StepStats
-from schedlab.workload import WorkloadRequest
 
 #: consecutive empty steps (no plan, nothing finished) before the driver gives up
 _MAX_STALLED_STEPS = 1000
@@ -51,7 +51,6 @@ class RunResult:
     max_concurrency: int | None = None
     num_prefix_hit_tokens: int = 0
     num_swaps: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def run_workload(
@@ -83,11 +82,8 @@ def run_workload(
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency={max_concurrency} must be >= 1 or None")
     clock = engine.clock
-    kv = engine.kv
-    first_step = len(engine.step_stats)
-    preempt0 = engine.scheduler.num_preemptions
-    swaps0 = engine.scheduler.num_swaps
-    hit0, query0 = kv.num_prefix_hit_tokens, kv.num_prefix_query_tokens
+    c0 = engine.counters()
+    first_step = c0.num_steps
 
     order = deque(sorted(range(len(workload)), key=lambda i: (workload[i].arrival_s, i)))
     submitted: list[Request | None] = [None] * len(workload)
@@ -119,6 +115,9 @@ def run_workload(
                     arrival_time=arrival,
                     priority=w.priority,
                     expected_output_len=w.expected_output_len,
+                    client_id=w.client_id,
+                    deadline_ms=w.deadline_ms,
+                    slo_class=w.slo_class,
                 )
                 submitted[i] = req
                 in_flight.append(req)
@@ -146,20 +145,21 @@ def run_workload(
     finally:
         bar.close()
 
-    hits = kv.num_prefix_hit_tokens - hit0
-    queried = kv.num_prefix_query_tokens - query0
+    c1 = engine.counters()
+    hits = c1.num_prefix_hit_tokens - c0.num_prefix_hit_tokens
+    queried = c1.num_prefix_query_tokens - c0.num_prefix_query_tokens
     return RunResult(
         requests=[r for r in submitted if r is not None],
         duration_s=end - start,
         step_stats=list(engine.step_stats[first_step:]),
-        num_preemptions=engine.scheduler.num_preemptions - preempt0,
+        num_preemptions=c1.num_preemptions - c0.num_preemptions,
         prefix_hit_rate=hits / queried if queried else 0.0,
         start_time=start,
-        num_kv_blocks=engine.num_kv_blocks,
+        num_kv_blocks=c1.num_kv_blocks,
         block_size=engine.config.block_size,
         max_concurrency=max_concurrency,
         num_prefix_hit_tokens=hits,
-        num_swaps=engine.scheduler.num_swaps - swaps0,
+        num_swaps=c1.num_swaps - c0.num_swaps,
     )
 
 

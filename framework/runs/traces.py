@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from schedlab.workload import (
+from schedlab.runs.distributions import (
     FIRST_TOKEN_ID,
     WorkloadError,
     WorkloadRequest,
