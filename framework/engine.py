@@ -8,7 +8,7 @@ import time
 
 from schedlab import registry
 from schedlab.config import ConfigError, EngineConfig, parse_bytes
-from schedlab.executor import Executor
+from schedlab.executor import Clock, Executor
 from schedlab.kv_manager import KVCacheManager
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerConfig
@@ -38,13 +38,16 @@ class Engine:
         config: the engine config; plugins are looked up by name in the registry.
         executor_cls: an executor class to use instead of the registered `config.executor`
             (a model-free fake in tests and micro-benchmarks); built the same way.
+        clock: the clock to run on instead of the executor's own (e.g. a CPU-time clock for
+            calibration); request and step times are read from it.
 
     Raises:
         ConfigError: a value is out of range, or a combination of plugins cannot work.
         registry.PluginError: an unknown plugin name (the message lists the installed ones).
     """
 
-    def __init__(self, config: EngineConfig, executor_cls: type[Executor] | None = None) -> None:
+    def __init__(self, config: EngineConfig, executor_cls: type[Executor] | None = None,
+                 clock: Clock | None = None) -> None:
         self.config = cfg = config
         classes = {kind: registry.load(kind, getattr(cfg, kind)) for kind in registry.GROUPS
                    if not (kind == "executor" and executor_cls is not None)}
@@ -97,7 +100,9 @@ class Engine:
         )
         self.scheduler: Scheduler = _build("scheduler", sched_cls, cfg.scheduler_options,
                                            sched_cfg, self.kv, queue)
-        self.clock = self.executor.clock
+        if clock is not None:
+            self.executor.set_clock(clock)
+        self.clock: Clock = self.executor.clock
         self.requests: dict[str, Request] = {}
         self.step_stats: list[StepStats] = []
         self._ids = itertools.count()

@@ -88,6 +88,11 @@ class Executor(ABC):
             others, and the step's duration.
         """
 
+    def set_clock(self, clock: Clock) -> None:
+        """Run on `clock` instead of the executor's own (the engine passes an injected clock,
+        e.g. a CPU-time clock for calibration). Changes state."""
+        self.clock = clock
+
     def available_kv_memory(self) -> int | None:
         """Bytes the KV cache may use when the user gave no size (None: engine default)."""
         return None
