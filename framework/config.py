@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 PREEMPTION_MODES = ("recompute", "swap")
+#: tokens per KV block when none is configured: the one source of this default
+DEFAULT_BLOCK_SIZE = 16
 DEVICES = ("cpu", "cuda")
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
@@ -48,7 +50,7 @@ class EngineConfig:
     attention: str = "sdpa"
     queue: str = "fcfs"
     executor: str = "torch"
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None

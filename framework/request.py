@@ -112,10 +112,15 @@ class RequestMetrics:
 
 @dataclass(slots=True, eq=False)
 class Request:
-    """One request inside the engine. Mutated only by the scheduler.
+    """One request inside the engine.
 
-    `num_computed_tokens` counts tokens whose K/V is in the cache; the tokens still to run
-    are `all_token_ids[num_computed_tokens:]`.
+    Who changes it: the engine (a rejection at `add_request`), the scheduler (status, output
+    tokens, timestamps, preemption), the KV manager (`num_computed_tokens` when a cached prefix
+    is shared) and the sampler (a seeded request's `generator`). Policies and executors read it.
+
+    `num_computed_tokens` counts tokens whose K/V has been computed (on the device, or on the
+    host while the request is swapped out); the tokens still to run are
+    `all_token_ids[num_computed_tokens:]`.
     """
 
     request_id: str

@@ -55,7 +55,9 @@ class ScheduledRequest:
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """The plan of one step. The only thing that crosses from scheduler to executor."""
+    """The plan of one step: the only thing the scheduler hands on. The executor runs
+    `scheduled` (with their block tables and swap copies); the engine records `preempted`.
+    Executors read the plan and the requests in it and change neither."""
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from schedlab.config import DEFAULT_BLOCK_SIZE as BS
 from schedlab.model import ModelSpec
 from schedlab.request import Request, SamplingParams
 from schedlab.scheduler import ScheduledRequest, SchedulerOutput
@@ -36,10 +37,10 @@ def test_decode_is_bounded_below_by_reading_the_weights():
     cm = CostModel(LLAMA8B, H100, dtype_bytes=2)
     shape = StepShape.from_lens([1], [1023])
     weights = cm.linear_params * 2
-    t = cm.step_time(shape)
+    t = cm.step_time(shape, BS)
     assert t >= weights / H100.mem_bandwidth
     assert t < 3 * weights / H100.mem_bandwidth  # still a memory-bound step, not more
-    cost = cm.step_cost(shape)
+    cost = cm.step_cost(shape, BS)
     assert cost.linear == pytest.approx(weights / (H100.mem_bandwidth * H100.memory_efficiency))
     assert cost.total == pytest.approx(cost.linear + cost.attention + cost.logits
                                        + cost.allreduce + cost.swap + cost.overhead)
@@ -49,10 +50,10 @@ def test_large_prefill_costs_two_flops_per_parameter_per_token():
     cm = CostModel(LLAMA8B, IDEAL, dtype_bytes=2)
     n = 2048
     non_embedding = LLAMA8B.num_params - 2 * LLAMA8B.vocab_size * LLAMA8B.hidden_size
-    t = cm.step_time(StepShape.from_lens([n], [0]))
+    t = cm.step_time(StepShape.from_lens([n], [0]), BS)
     assert t == pytest.approx(2 * non_embedding * n / IDEAL.matmul_flops, rel=0.08)
     # and a prefill is compute-bound: doubling the tokens nearly doubles the time
-    assert cm.step_time(StepShape.from_lens([2 * n], [0])) / t == pytest.approx(2, rel=0.1)
+    assert cm.step_time(StepShape.from_lens([2 * n], [0]), BS) / t == pytest.approx(2, rel=0.1)
 
 
 def test_attention_counts_causal_pairs_and_context_reads():
@@ -61,7 +62,7 @@ def test_attention_counts_causal_pairs_and_context_reads():
     assert s.attn_pairs == (1 + 2 + 3 + 4) + 10
     assert s.kv_tokens == 4 + 10
     assert (s.num_tokens, s.num_seqs, s.num_prefills, s.num_sampled) == (5, 2, 1, 2)
-    r = cm.raw_terms(s)
+    r = cm.raw_terms(s, BS)
     spec = LLAMA8B
     kv_bytes = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2 * 14
     assert r.attention_memory == pytest.approx(kv_bytes / IDEAL.mem_bandwidth)
@@ -73,14 +74,14 @@ def test_logits_only_for_sampled_positions():
     cm = CostModel(LLAMA8B, IDEAL, dtype_bytes=2)
     partial = StepShape.from_lens([512], [0], sampled=[False])
     full = StepShape.from_lens([512], [0], sampled=[True])
-    assert cm.step_cost(partial).logits == 0.0
-    assert cm.step_cost(full).logits > 0.0
+    assert cm.step_cost(partial, BS).logits == 0.0
+    assert cm.step_cost(full, BS).logits > 0.0
 
 
 def test_tensor_parallel_halves_weight_time_and_adds_allreduce():
     decode = StepShape.from_lens([1] * 8, [500] * 8)
-    one = CostModel(LLAMA8B, H100, 2, tp=1).step_cost(decode)
-    two = CostModel(LLAMA8B, H100, 2, tp=2).step_cost(decode)
+    one = CostModel(LLAMA8B, H100, 2, tp=1).step_cost(decode, BS)
+    two = CostModel(LLAMA8B, H100, 2, tp=2).step_cost(decode, BS)
     assert two.linear == pytest.approx(one.linear / 2)
     assert two.attention == pytest.approx(one.attention / 2)
     assert one.allreduce == 0.0 and two.allreduce > 0.0
@@ -100,8 +101,9 @@ def test_step_shape_from_plan_matches_lengths():
 def test_padded_decode_attention_reads_up_to_the_longest_context():
     shape = StepShape.from_lens([1, 1, 8], [99, 9, 0])
     assert (shape.kv_tokens, shape.padded_kv_tokens) == (100 + 10 + 8, 2 * 100 + 8)
-    paged = CostModel(LLAMA8B, IDEAL, 2).raw_terms(shape)
-    padded = CostModel(LLAMA8B, replace(IDEAL, padded_decode_attention=True), 2).raw_terms(shape)
+    paged = CostModel(LLAMA8B, IDEAL, 2).raw_terms(shape, BS)
+    padded = CostModel(LLAMA8B, replace(IDEAL, padded_decode_attention=True), 2).raw_terms(
+        shape, BS)
     assert padded.attention_memory / paged.attention_memory == pytest.approx(208 / 118)
 
 
@@ -161,8 +163,8 @@ def test_calibration_recovers_known_factors_from_noisy_synthetic_timings():
     grid = _gpu_grid()
     model = CostModel(LLAMA8B, truth, 2)
     rng = np.random.default_rng(1)
-    times = [model.step_time(s) * (1 + 0.02 * rng.standard_normal()) for s in grid]
-    fit = fit_profile(LLAMA8B, H100, grid, times, dtype_bytes=2)
+    times = [model.step_time(s, BS) * (1 + 0.02 * rng.standard_normal()) for s in grid]
+    fit = fit_profile(LLAMA8B, H100, grid, times, block_size=BS, dtype_bytes=2)
     got = fit.profile
     for key in ("linear_efficiency", "attention_efficiency", "memory_efficiency",
                 "kv_efficiency"):

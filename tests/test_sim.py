@@ -52,7 +52,7 @@ def test_time_advances_only_by_the_cost_model():
     orig = engine.executor.execute
 
     def spy(plan):
-        predicted.append(cost.step_time(StepShape.from_plan(plan)))
+        predicted.append(cost.step_time(StepShape.from_plan(plan), engine.config.block_size))
         return orig(plan)
 
     engine.executor.execute = spy
@@ -151,3 +151,22 @@ def test_options_and_bad_values():
     with pytest.raises(ConfigError, match="not_an_option"):
         Engine(EngineConfig(model="llama3_8b", executor="sim",
                             executor_options={"hardware": "h100", "not_an_option": 1}))
+
+
+def test_calibration_fits_the_real_executor_through_the_engine_api(llama_dir, tmp_path):
+    """`schedlab calibrate` times the torch executor on CPU time, fits a profile, saves it, and
+    the simulator loads it; the host-overhead run uses an injected clock, nothing patched."""
+    from schedlab.sim.calibrate import calibrate
+
+    grid = [((8,), (0,)), ((32,), (0,)), ((1,) * 4, (16,) * 4), ((1,) * 8, (32,) * 8)]
+    out = tmp_path / "cpu.json"
+    fit = calibrate(llama_dir, out=out, repeats=1, grid=grid, verbose=False, clock="cpu",
+                    block_size=8)
+    assert len(fit.rel_errors) == len(grid)
+    assert fit.profile.step_overhead >= 0 and fit.profile.seq_overhead >= 0
+    engine = Engine(EngineConfig(model=llama_dir, executor="sim",
+                                 executor_options={"hardware": str(out)}, block_size=8))
+    spec = {"type": "synthetic", "num_requests": 4, "input_len": 32, "output_len": 8}
+    run = run_workload(engine, build_workload(spec, engine.model_spec.vocab_size, seed=0))
+    assert run.duration_s > 0
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in run.requests)

@@ -130,8 +130,6 @@ def build_settings(cfg: DictConfig, group: str | None = None,
         node = _mapping(c, kind)
         plugin_keys[kind] = node["name"]
         options = dict(node.get("options") or {})
-        if options.get("hardware", False) is None:  # a sim-style executor with no hardware chosen
-            options["hardware"] = {"preset": "cpu"}
         plugin_keys[f"{kind}_options"] = options
     unknown = sorted(set(engine_keys) - set(EngineConfig.field_names()))
     if unknown:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from schedlab.config import DEFAULT_BLOCK_SIZE
 from schedlab.executor import Clock
 from schedlab.sim.costfit import PARAMS, FitResult, fit_profile
 from schedlab.sim.costmodel import StepShape
@@ -51,12 +52,16 @@ class CPUTimeClock(Clock):
 TIMERS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
-def use_clock(engine, clock: str) -> None:
-    """Put a real engine on `clock` ("wall" keeps its own; "cpu": a `CPUTimeClock`)."""
+def make_clock(clock: str) -> Clock | None:
+    """The clock a real engine runs on for a measurement: `Engine(config, clock=...)`.
+
+    "wall": None (the executor's own wall clock); "cpu": a `CPUTimeClock`.
+    """
     if clock == "cpu":
-        engine.clock = engine.executor.clock = CPUTimeClock()
-    elif clock != "wall":
+        return CPUTimeClock()
+    if clock != "wall":
         raise ValueError(f"clock={clock!r}; accepted: wall, cpu")
+    return None
 
 
 def default_grid(max_len: int = 1024) -> list[Shape]:
@@ -90,7 +95,7 @@ def shape_of(entry: Shape) -> StepShape:
 
 
 def measure_torch(model_dir: str, grid: Sequence[Shape], repeats: int = 5,
-                  block_size: int = 16, clock: str = "wall", warm_s: float = 0.02,
+                  block_size: int = DEFAULT_BLOCK_SIZE, clock: str = "wall", warm_s: float = 0.02,
                   max_warm: int = 10) -> list[float]:
     """Median time of `TorchExecutor.execute` for each grid entry (float32, CPU).
 
@@ -99,18 +104,18 @@ def measure_torch(model_dir: str, grid: Sequence[Shape], repeats: int = 5,
     """
     import torch
 
+    from schedlab import registry
     from schedlab.config import EngineConfig
-    from schedlab.plugins.executors.torch_executor import TorchExecutor
     from schedlab.request import Request, SamplingParams
     from schedlab.scheduler import ScheduledRequest, SchedulerOutput
 
     cfg = EngineConfig(model=str(model_dir), dtype="float32", device="cpu",
                        block_size=block_size)
-    ex = TorchExecutor(cfg)
+    ex = registry.load("executor", "torch")(cfg)
     need = max(sum(-(-(q + s) // block_size) for q, s in zip(*e, strict=True)) for e in grid)
+    # NOTE: the cache is allocated zero-filled (uninitialised memory may hold denormals,
+    # which are slow on CPUs)
     ex.initialize_cache(need + 1, block_size)
-    for k in ex.backend.k_caches + ex.backend.v_caches:
-        k.zero_()  # NOTE: uninitialised memory may hold denormals, which are slow on CPUs
     sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     gen = torch.Generator().manual_seed(0)
     vocab = ex.model_spec.vocab_size
@@ -156,23 +161,24 @@ def measure_host_overhead(model_dir: str, num_requests: int = 24, seed: int = 0,
     Runs an offline workload through `Engine` + the driver with the torch executor and fits
     gap = a + b x (sequences in the step) by least squares. Returns (a, b) in seconds.
     """
+    from schedlab import registry
     from schedlab.config import EngineConfig
     from schedlab.engine import Engine
     from schedlab.runs.driver import run_workload
     from schedlab.runs.workload import build_workload
 
-    engine = Engine(EngineConfig(model=str(model_dir), dtype="float32", device="cpu"))
-    use_clock(engine, clock)
     timer, durations = TIMERS[clock], []
-    execute = engine.executor.execute
+    base = registry.load("executor", "torch")
 
-    def timed(plan):
-        t0 = timer()
-        out = execute(plan)
-        durations.append(timer() - t0)
-        return out
+    class TimedExecutor(base):  # the forward passes, timed by this measurement's timer
+        def execute(self, plan):
+            t0 = timer()
+            out = super().execute(plan)
+            durations.append(timer() - t0)
+            return out
 
-    engine.executor.execute = timed
+    engine = Engine(EngineConfig(model=str(model_dir), dtype="float32", device="cpu"),
+                    executor_cls=TimedExecutor, clock=make_clock(clock))
     spec = {"type": "synthetic", "num_requests": num_requests,
             "input_len": {"dist": "uniform", "min": 8, "max": 64},
             "output_len": {"dist": "uniform", "min": 8, "max": 48}}
@@ -188,8 +194,10 @@ def measure_host_overhead(model_dir: str, num_requests: int = 24, seed: int = 0,
 
 def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
               grid: Sequence[Shape] | None = None, verbose: bool = True,
-              host_overhead: bool = True, clock: str = "wall") -> FitResult:
-    """Measure, fit and (if `out`) save a CPU profile for `model_dir`.
+              host_overhead: bool = True, clock: str = "wall",
+              block_size: int = DEFAULT_BLOCK_SIZE) -> FitResult:
+    """Measure, fit and (if `out`) save a CPU profile for `model_dir`, with KV blocks of
+    `block_size` tokens.
 
     `host_overhead` adds the engine's and driver's time between steps, measured on a short
     real run, to the fitted overheads (the simulated clock has no other source of it).
@@ -204,8 +212,9 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
     base = replace(probe_cpu(), name=f"cpu-calibrated-{Path(model_dir).name}",
                    padded_decode_attention=True)
     t0 = time.perf_counter()
-    times = measure_torch(model_dir, grid, repeats, clock=clock)
-    fit = fit_profile(spec, base, [shape_of(e) for e in grid], times, dtype_bytes=4)
+    times = measure_torch(model_dir, grid, repeats, block_size=block_size, clock=clock)
+    fit = fit_profile(spec, base, [shape_of(e) for e in grid], times, block_size=block_size,
+                      dtype_bytes=4)
     host = measure_host_overhead(model_dir, clock=clock) if host_overhead else (0.0, 0.0)
     prof = fit.profile
     fit = FitResult(replace(prof, step_overhead=prof.step_overhead + host[0],

@@ -60,8 +60,10 @@ class FitResult:
 
 
 def fit_profile(spec: ModelSpec, base: HardwareProfile, shapes: Sequence[StepShape],
-                times: Sequence[float], dtype_bytes: int = 4, tp: int = 1) -> FitResult:
-    """Fit efficiencies and overheads of `base` so the cost model predicts `times`.
+                times: Sequence[float], block_size: int, dtype_bytes: int = 4,
+                tp: int = 1) -> FitResult:
+    """Fit efficiencies and overheads of `base` so the cost model predicts `times`, measured
+    with KV blocks of `block_size` tokens.
 
     Each roofline term is max(compute, memory); given which side binds, the step time is
     linear in the inverse efficiencies and the overheads. Binding sides and parameters are
@@ -69,7 +71,7 @@ def fit_profile(spec: ModelSpec, base: HardwareProfile, shapes: Sequence[StepSha
     error), and the best fit wins.
     """
     t = np.asarray(times, dtype=float)
-    raw = [CostModel(spec, base, dtype_bytes, tp).raw_terms(s) for s in shapes]
+    raw = [CostModel(spec, base, dtype_bytes, tp).raw_terms(s, block_size) for s in shapes]
     fixed = np.array([r.allreduce / base.interconnect_efficiency + r.swap for r in raw])
     best: FitResult | None = None
     for start in ((1, 1, 1, 1), (10, 10, 1, 1), (1, 10, 10, 10), (10, 1, 10, 1), (3, 3, 3, 3)):
@@ -87,7 +89,7 @@ def fit_profile(spec: ModelSpec, base: HardwareProfile, shapes: Sequence[StepSha
         fitted = dict(zip(PARAMS, [*(1 / inv), *x[_NUM_EFF:]], strict=True))
         prof = replace(base, **{k: float(v) for k, v in fitted.items()})
         model = CostModel(spec, prof, dtype_bytes, tp)
-        pred = np.array([model.step_time(s) for s in shapes])
+        pred = np.array([model.step_time(s, block_size) for s in shapes])
         res = FitResult(prof, tuple(float(e) for e in (pred - t) / t))
         if best is None or res.mean_abs_error < best.mean_abs_error:
             best = res

@@ -156,7 +156,7 @@ class CostModel:
         self.kv_bytes_per_token_total = 2 * spec.num_layers * spec.num_kv_heads * d * b
         self._act_bytes_per_token = h * b
 
-    def raw_terms(self, shape: StepShape, block_size: int = 16) -> RawTerms:
+    def raw_terms(self, shape: StepShape, block_size: int) -> RawTerms:
         """Each term's compute and memory time at peak, before efficiencies."""
         hw = self.hw
         flops, bw = hw.matmul_flops, hw.mem_bandwidth
@@ -184,7 +184,7 @@ class CostModel:
             swap=swap,
         )
 
-    def step_cost(self, shape: StepShape, block_size: int = 16) -> StepCost:
+    def step_cost(self, shape: StepShape, block_size: int) -> StepCost:
         """The predicted duration of one step, by term."""
         hw = self.hw
         r = self.raw_terms(shape, block_size)
@@ -207,5 +207,5 @@ class CostModel:
             overhead=overhead,
         )
 
-    def step_time(self, shape: StepShape, block_size: int = 16) -> float:
+    def step_time(self, shape: StepShape, block_size: int) -> float:
         return self.step_cost(shape, block_size).total

@@ -71,16 +71,15 @@ def run_both(model_dir: str, profile: HardwareProfile, workload: dict[str, Any],
     from schedlab.runs.driver import run_workload
     from schedlab.runs.metrics import compute_metrics
     from schedlab.runs.workload import build_workload
-    from schedlab.sim.calibrate import use_clock
+    from schedlab.sim.calibrate import make_clock
 
     base = EngineConfig(model=str(model_dir), dtype="float32", device="cpu", seed=seed,
                         **engine_kw)
     results, walls = {}, {}
     for executor in ("torch", "sim"):
         opts = {"hardware": profile} if executor == "sim" else {}
-        engine = Engine(replace(base, executor=executor, executor_options=opts))
-        if executor == "torch":
-            use_clock(engine, clock)
+        engine = Engine(replace(base, executor=executor, executor_options=opts),
+                        clock=make_clock(clock) if executor == "torch" else None)
         vocab = engine.model_spec.vocab_size
         run_workload(engine, build_workload(_WARMUP, vocab, seed))  # first-call costs
         work = build_workload(workload, vocab, seed)
