@@ -68,3 +68,24 @@ def test_builtins_are_entry_points():
         assert set(names) <= set(registry.available(kind))
         for n in names:
             assert registry.load(kind, n).__module__.startswith("schedlab.plugins.")
+
+
+def test_every_code_and_config_folder_is_a_listed_package():
+    """A folder missing from pyproject's `packages` is silently left out of a wheel (and made
+    setuptools print screens of warnings): every folder holding .py or .yaml files is listed."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setup["packages"])
+    missing = []
+    for name, folder in setup["package-dir"].items():
+        base = root / folder
+        for d in [base, *base.rglob("*")]:
+            if d.is_dir() and "__pycache__" not in d.parts and (
+                    any(d.glob("*.py")) or any(d.glob("*.yaml"))):
+                pkg = ".".join([name, *d.relative_to(base).parts])
+                if pkg not in listed:
+                    missing.append(pkg)
+    assert not missing, f"add to [tool.setuptools] packages in pyproject.toml: {missing}"
