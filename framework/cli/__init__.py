@@ -31,7 +31,18 @@ examples:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `schedlab` console script. Returns the exit status."""
+    """Entry point of the `schedlab` console script. Returns the exit status (130 after
+    Ctrl-C, as a shell reports SIGINT; what was written so far is kept)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        saved = sys.modules.get("schedlab.cli.app")
+        what = getattr(saved, "INTERRUPTED", None)
+        print("schedlab: interrupted" + (f": {what[-1]}" if what else ""), file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
@@ -62,6 +73,7 @@ def run_command(overrides: Sequence[str]) -> int:
     from schedlab.cli import app
 
     app.FAILURES.clear()
+    app.INTERRUPTED.clear()
     saved = sys.argv
     sys.argv = ["schedlab run", *overrides]
     try:

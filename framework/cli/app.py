@@ -28,6 +28,8 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 #: messages of the jobs of this process that failed on a bad configuration
 FAILURES: list[str] = []
+#: what an interrupted job saved (the CLI prints it in its one line after Ctrl-C)
+INTERRUPTED: list[str] = []
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -71,9 +73,13 @@ def execute(s: RunSettings) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     summary: dict[str, Any] = {}
     try:
-        result = run_workload(engine, workload, temperature=s.temperature,
-                              ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
-                              progress=s.progress)
+        try:
+            result = run_workload(engine, workload, temperature=s.temperature,
+                                  ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
+                                  progress=s.progress)
+        except KeyboardInterrupt:
+            metrics = _save_interrupted(s, engine)
+            raise
         metrics = compute_metrics(result, percentiles=s.percentiles, slo=s.slo)
         path = write_results(s.output_dir, metrics, s.config, collect_environment())
         summary = json.loads(path.read_text())  # W&B's summary = results.json's scalars
@@ -90,6 +96,35 @@ def execute(s: RunSettings) -> dict[str, Any]:
     print(f"results: {path}")
     if tracker.location:
         print(f"W&B run: {tracker.location}")
+    return metrics
+
+
+def _save_interrupted(s: RunSettings, engine) -> dict[str, Any]:
+    """Ctrl-C mid-run: abort what is still in flight and write results.json over the requests
+    submitted so far (`interrupted: true`); W&B gets the same, marked failed, in `execute`."""
+    from schedlab.runs.driver import RunResult
+    from schedlab.runs.metrics import compute_metrics
+    from schedlab.runs.results import collect_environment, write_results
+
+    for rid, req in list(engine.requests.items()):
+        if not req.is_finished:
+            engine.abort(rid)
+    c = engine.counters()
+    reqs = list(engine.requests.values())
+    start = min((r.arrival_time for r in reqs), default=0.0)
+    queried = c.num_prefix_query_tokens
+    result = RunResult(
+        requests=reqs, duration_s=max(engine.clock.now() - start, 0.0),
+        step_stats=list(engine.step_stats), num_preemptions=c.num_preemptions,
+        prefix_hit_rate=c.num_prefix_hit_tokens / queried if queried else 0.0,
+        start_time=start, num_kv_blocks=c.num_kv_blocks, block_size=engine.config.block_size,
+        max_concurrency=s.max_concurrency, num_prefix_hit_tokens=c.num_prefix_hit_tokens,
+        num_swaps=c.num_swaps)
+    metrics = compute_metrics(result, percentiles=s.percentiles, slo=s.slo)
+    metrics["interrupted"] = True
+    path = write_results(s.output_dir, metrics, s.config, collect_environment())
+    INTERRUPTED.append(f"{metrics.get('completed', 0)} of {len(reqs)} submitted requests "
+                       f"completed; partial results: {path}")
     return metrics
 
 

@@ -1,0 +1,49 @@
+"""Ctrl-C during `schedlab run`: one line, exit 130, results.json and W&B files kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+SCHEDLAB = [sys.executable, "-c", "import sys; from schedlab.cli import main; sys.exit(main())"]
+
+
+def test_ctrl_c_mid_run_keeps_partial_results_and_exits_130(tmp_path, llama_dir):
+    out = tmp_path / "run"
+    env = dict(os.environ, WANDB_MODE="offline", HYDRA_FULL_ERROR="")
+    proc = subprocess.Popen(
+        [*SCHEDLAB, "run", "model=path", f"model.path={llama_dir}", f"paths.output_dir={out}",
+         "logger=wandb", "plots=false", "workload.num_requests=400",
+         "workload.arrival.process=poisson", "workload.arrival.rate=20",
+         "workload.output_len.max=16", "driver.progress=true"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    err = bytearray()
+
+    def read() -> None:
+        while chunk := proc.stderr.read1(4096):
+            err.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 180
+    while b"requests:" not in err and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)  # the progress bar shows the workload is being driven
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    rc = proc.wait(timeout=120)
+    reader.join(timeout=10)
+    text = err.decode(errors="replace")
+    assert rc == 130, text[-2000:]
+    assert "Traceback" not in text
+    lines = [ln for ln in text.replace("\r", "\n").splitlines() if ln.startswith("schedlab:")]
+    assert len(lines) == 1 and "interrupted" in lines[0] and "partial results" in lines[0]
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["interrupted"] is True
+    assert 0 < saved["completed"] < 400
+    runs = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert runs and runs[0].stat().st_size > 0
