@@ -41,9 +41,10 @@ def run_once(model: str, cache: str, prompts: list[list[int]], args) -> dict:
     outs = llm.generate(prompts, sp)
     ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs]
     eng = llm.engine
+    c = eng.counters()
     return dict(
         ttft=ttft,
-        hit_rate=eng.kv.prefix_hit_rate,
+        hit_rate=c.num_prefix_hit_tokens / max(c.num_prefix_query_tokens, 1),
         prefill_tokens=sum(s.num_prefill_tokens for s in eng.step_stats),
         tokens=[o.outputs[0].token_ids for o in outs],
     )

@@ -1,0 +1,111 @@
+"""The package's shape: the core never imports a plugin, imports form no cycle, and no code
+reaches into another object's private attributes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROOTS = {"schedlab": "framework", "schedlab.plugins": "plugins", "schedlab.kernels": "kernels"}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for name, folder in ROOTS.items():
+        base = ROOT / folder
+        for f in base.rglob("*.py"):
+            parts = list(f.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join([name, *parts])] = f
+    return mods
+
+
+def _imports(path: Path, mods: dict[str, Path]) -> set[str]:
+    """schedlab modules imported anywhere in the file (lazy ones too), except under
+    `if TYPE_CHECKING:`."""
+    found: set[str] = set()
+
+    class Visitor(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            t = node.test
+            if getattr(t, "id", None) == "TYPE_CHECKING" or getattr(t, "attr", None) == \
+                    "TYPE_CHECKING":
+                for n in node.orelse:
+                    self.visit(n)
+                return
+            self.generic_visit(node)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            found.update(a.name for a in node.names)
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            if node.level == 0 and node.module:
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    found.add(full if full in mods else node.module)
+
+    Visitor().visit(ast.parse(path.read_text()))
+    return {m for m in found if m in mods}
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(f, mods) - {m} for m, f in mods.items()}
+
+
+def test_no_core_module_imports_a_plugin_module():
+    bad = sorted((m, i) for m, deps in _graph().items() if not m.startswith("schedlab.plugins")
+                 for i in deps if i.startswith("schedlab.plugins."))
+    assert not bad, f"the core must load plugins through the registry: {bad}"
+
+
+def test_import_graph_has_no_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                cycle = stack[stack.index(d):] + [d]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_the_checks_see_a_cycle_and_a_plugin_import(tmp_path, monkeypatch):
+    """The two checks above can fail: a planted cycle and a planted plugin import are found."""
+    pkg = tmp_path / "framework"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("from schedlab.b import x\nimport schedlab.plugins.p\n")
+    (pkg / "b.py").write_text("def f():\n    from schedlab import a\n")
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "p.py").write_text("")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    g = _graph()
+    assert g["schedlab.a"] == {"schedlab.b", "schedlab.plugins.p"}
+    assert g["schedlab.b"] == {"schedlab.a"}
+
+
+def test_no_code_reaches_into_another_objects_private_attributes():
+    found = []
+    for folder in ROOTS.values():
+        for f in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                        and not node.attr.startswith("__")
+                        and not (isinstance(node.value, ast.Name)
+                                 and node.value.id in ("self", "cls"))):
+                    found.append(f"{f.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)
