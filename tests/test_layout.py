@@ -109,3 +109,17 @@ def test_no_code_reaches_into_another_objects_private_attributes():
                                  and node.value.id in ("self", "cls"))):
                     found.append(f"{f.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, "\n".join(found)
+
+
+def test_moved_modules_keep_their_old_import_path_with_a_warning(monkeypatch):
+    import importlib
+    import sys
+
+    import pytest
+
+    import schedlab.runs.workload
+
+    monkeypatch.delitem(sys.modules, "schedlab.workload", raising=False)
+    with pytest.warns(DeprecationWarning, match="schedlab.runs.workload"):
+        old = importlib.import_module("schedlab.workload")
+    assert old is schedlab.runs.workload
