@@ -1,4 +1,4 @@
-"""The `schedlab` command: run (Hydra), report, calibrate, validate, plugins.
+"""The `schedlab` command: run (Hydra), report, compare, calibrate, validate, plugins.
 
 This package is the only place under `framework/` that imports Hydra or omegaconf, and it
 imports them only when `schedlab run` needs them.
@@ -18,6 +18,7 @@ usage: schedlab <command> [args]
 commands:
   run [overrides]     run one configuration, or a sweep with -m (Hydra); --help lists the groups
   report <dir>        tables and plots from results.json files under <dir>
+  compare <dir> --by <param>   paired differences over seeds, with bootstrap intervals
   calibrate [args]    fit the simulated executor's cost model to measured steps
   validate [args]     compare the simulated executor with the real one
   plugins             list the installed plugins per interface
@@ -52,9 +53,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
         return run_command(rest)
     if cmd == "plugins":
         return plugins_command(rest)
-    if cmd in ("report", "calibrate", "validate"):
+    if cmd in DELEGATES:
         return _delegate(cmd, rest)
-    print(f"schedlab: unknown command {cmd!r}; commands: run, report, calibrate, validate, "
+    print(f"schedlab: unknown command {cmd!r}; commands: run, {', '.join(DELEGATES)}, "
           f"plugins\n\n{USAGE}", file=sys.stderr, end="")
     return 2
 
@@ -106,6 +107,7 @@ def plugins_command(args: Sequence[str]) -> int:
 #: subcommand -> (module, what it is) ; each module has main(argv) -> int
 DELEGATES = {
     "report": ("schedlab.runs.report", "the report"),
+    "compare": ("schedlab.cli.compare", "the paired comparison"),
     "calibrate": ("schedlab.sim.calibrate", "the cost-model calibration"),
     "validate": ("schedlab.sim.validate", "the simulator validation"),
 }

@@ -1,0 +1,206 @@
+"""`schedlab compare` and `schedlab.runs.compare` on synthetic sweeps whose true differences
+are known: the test writes results.json files where a candidate differs from the baseline by a
+chosen effect on top of a per-seed workload effect shared by both sides, plus run noise."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from schedlab.cli import main as schedlab
+from schedlab.runs.bootstrap import bootstrap_ci, min_pairs
+from schedlab.runs.compare import (
+    NOT_SIGNIFICANT,
+    SIGNIFICANT,
+    TOO_FEW,
+    CompareError,
+    compare_runs,
+    load_runs,
+)
+from schedlab.runs.results import write_results
+
+
+def write_sweep(root, seeds, effect=10.0, noise=1.0, rates=(2, 8), order=None, extra=None,
+                variant=False):
+    """A scheduler.name x workload.arrival.rate x seed sweep.
+
+    Per seed, a workload effect shared by both schedulers (spread 30, far larger than
+    `effect`) sets the level; `continuous` adds `effect` to output_throughput and nothing to
+    mean_ttft_ms; every value gets independent noise of sd `noise`.
+    """
+    rng = np.random.default_rng(123)
+    level = {s: 30.0 * rng.standard_normal() for s in seeds}
+    i = 0
+    for sched in ("static", "continuous"):
+        for rate in rates:
+            sched_seeds = list(order(seeds) if order and sched == "continuous" else seeds)
+            if extra is not None and sched == "continuous":
+                sched_seeds.append(extra)
+            for s in sched_seeds:
+                w = level.get(s, 0.0)
+                metrics = {
+                    "output_throughput": 500.0 + w + (effect if sched == "continuous" else 0)
+                    + noise * rng.standard_normal(),
+                    "mean_ttft_ms": 100.0 + w + noise * rng.standard_normal(),
+                    "completed": 10, "output_lens": [1, 2]}
+                config = {"seed": s, "engine": {"seed": s, "max_num_seqs": 4},
+                          "scheduler": {"name": sched}, "workload": {"arrival": {"rate": rate}},
+                          "output_dir": str(root / str(i))}
+                if variant:
+                    config["exp"] = {"sched": f"v_{sched}"}
+                    config["engine"]["max_num_batched_tokens"] = 512 if sched == "static" else 64
+                write_results(root / str(i), metrics, config)
+                i += 1
+    return root
+
+
+def by_key(report):
+    return {(c.context.get("workload.arrival.rate"), m.metric): (c, m)
+            for c in report.comparisons for m in c.metrics}
+
+
+def test_a_clear_difference_is_significant_and_noise_is_not(tmp_path):
+    runs = load_runs(write_sweep(tmp_path, seeds=range(10)))
+    report = compare_runs(runs, by="scheduler.name", baseline="static",
+                          metrics=["output_throughput", "mean_ttft_ms"])
+    assert report.baseline == "static" and len(report.comparisons) == 2
+    for rate in (2, 8):
+        c, thr = by_key(report)[(rate, "output_throughput")]
+        assert c.candidate == "continuous" and c.seeds == tuple(range(10))
+        assert thr.verdict == SIGNIFICANT and thr.significant
+        assert thr.ci.lo > 0 and thr.ci.covers(10.0)  # the true effect
+        assert 8 < thr.mean_diff < 12
+        assert thr.ratio_ci.lo > 1.0
+        _, ttft = by_key(report)[(rate, "mean_ttft_ms")]
+        assert ttft.verdict == NOT_SIGNIFICANT and ttft.ci.covers(0.0)
+
+
+def test_pairs_are_formed_by_seed_not_by_position(tmp_path):
+    """A constant shift under a large per-seed spread: paired, every difference is the shift.
+
+    The candidate's runs are written in reversed seed order and with one seed the baseline
+    lacks; a pairing by position would mix seeds and give a wide interval around the shift.
+    """
+    root = write_sweep(tmp_path, seeds=range(8), effect=5.0, noise=0.0, rates=(4,),
+                       order=lambda s: list(reversed(list(s))), extra=99)
+    report = compare_runs(load_runs(root), by="scheduler.name", baseline="static",
+                          metrics=["output_throughput"])
+    (c,) = report.comparisons
+    assert c.seeds == tuple(range(8)) and c.unpaired == (99,)
+    (m,) = c.metrics
+    assert m.n == 8 and m.verdict == SIGNIFICANT
+    assert m.ci.lo == pytest.approx(5.0) and m.ci.hi == pytest.approx(5.0)
+
+
+def test_three_seeds_are_too_few_for_a_95_percent_verdict(tmp_path):
+    runs = load_runs(write_sweep(tmp_path, seeds=range(3), rates=(4,)))
+    m = compare_runs(runs, by="scheduler.name", baseline="static",
+                     metrics=["output_throughput"]).comparisons[0].metrics[0]
+    assert m.verdict == TOO_FEW and m.ci is not None
+    loose = compare_runs(runs, by="scheduler.name", baseline="static",
+                         metrics=["output_throughput"], needed=2).comparisons[0].metrics[0]
+    assert loose.verdict == SIGNIFICANT
+    assert (min_pairs(0.95), min_pairs(0.9), min_pairs(0.99)) == (6, 5, 8)
+
+
+def test_a_variant_key_moves_its_parts_with_it(tmp_path):
+    """`--by exp.sched` where the variant also sets scheduler and token budget: still paired."""
+    runs = load_runs(write_sweep(tmp_path, seeds=range(6), rates=(4,), variant=True))
+    report = compare_runs(runs, by="exp.sched", metrics=["output_throughput"])
+    assert report.baseline == "v_continuous"  # default: the first value in order
+    assert set(report.implied) == {"scheduler.name", "engine.max_num_batched_tokens"}
+    (c,) = report.comparisons
+    assert c.candidate == "v_static" and c.metrics[0].mean_diff < 0
+
+
+@pytest.mark.parametrize("method", ["percentile", "bca"])
+def test_bootstrap_interval_covers_the_true_mean_about_as_often_as_it_says(method):
+    rng = np.random.default_rng(0)
+    hits = sum(bootstrap_ci(rng.exponential(1.0, size=40), confidence=0.9, resamples=1000,
+                            method=method, seed=i).covers(1.0) for i in range(200))
+    assert 0.8 <= hits / 200 <= 0.97
+
+
+def test_bootstrap_is_reproducible_from_its_seed():
+    x = np.random.default_rng(1).normal(size=12)
+    assert bootstrap_ci(x, seed=3) == bootstrap_ci(x, seed=3)
+    assert bootstrap_ci(x, seed=3) != bootstrap_ci(x, seed=4)
+    wide, narrow = bootstrap_ci(x, confidence=0.99), bootstrap_ci(x, confidence=0.5)
+    assert wide.lo < narrow.lo < narrow.hi < wide.hi
+
+
+def test_cli_prints_and_writes_the_table(tmp_path, capsys):
+    root = write_sweep(tmp_path / "sweep", seeds=range(8))
+    code = schedlab(["compare", str(root), "--by", "scheduler.name", "--baseline", "static",
+                     "--metrics", "output_throughput,mean_ttft_ms", "--confidence", "0.9",
+                     "--out", str(tmp_path / "out")])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "# schedlab compare: scheduler.name (baseline static)" in printed
+    header = next(line for line in printed.splitlines() if line.startswith("| "))
+    assert header.startswith("| workload.arrival.rate | scheduler.name | metric | n |")
+    assert "mean diff [90% CI]" in header
+    body = [line for line in printed.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(body) == 1 + 2 * 2  # header + 2 rates x 2 metrics
+    assert sum(line.endswith("| significant |") for line in body) == 2
+    assert sum(line.endswith("| not significant |") for line in body) == 2
+    assert (tmp_path / "out" / "compare_scheduler.name.md").read_text().strip() in printed
+    with (tmp_path / "out" / "compare_scheduler.name.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4
+    thr = [r for r in rows if r["metric"] == "output_throughput"]
+    assert all(float(r["ci_lo"]) > 0 and r["verdict"] == "significant" for r in thr)
+    assert {r["seeds"] for r in rows} == {"0 1 2 3 4 5 6 7"}
+
+
+def test_cli_output_is_the_same_on_a_rerun(tmp_path, capsys):
+    root = write_sweep(tmp_path, seeds=range(6), rates=(4,))
+    outs = []
+    for _ in range(2):
+        assert schedlab(["compare", str(root), "--by", "scheduler.name"]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1]
+
+
+def _bad(tmp_path, capsys, argv):
+    code = schedlab(["compare", *map(str, argv)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    return err
+
+
+def test_cli_refuses_bad_input_in_one_sentence(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "no readable results.json" in _bad(tmp_path, capsys, [empty, "--by", "x"])
+    root = write_sweep(tmp_path / "sweep", seeds=range(6), rates=(4,))
+    err = _bad(tmp_path, capsys, [root, "--by", "engine.max_num_seqs"])
+    assert "not a swept parameter" in err and "scheduler.name" in err
+    err = _bad(tmp_path, capsys, [root, "--by", "scheduler.name", "--baseline", "nope"])
+    assert "continuous, static" in err
+    err = _bad(tmp_path, capsys, [root, "--by", "scheduler.name", "--metrics", "nope"])
+    assert "output_throughput" in err
+    assert "between 0 and 1" in _bad(tmp_path, capsys, [root, "--by", "scheduler.name",
+                                                          "--confidence", "95"])
+
+
+def test_runs_without_seeds_to_pair_are_refused(tmp_path, capsys):
+    one_seed = write_sweep(tmp_path / "one", seeds=[0], rates=(4,))
+    err = _bad(tmp_path, capsys, [one_seed, "--by", "scheduler.name"])
+    assert "every run has seed 0" in err
+    unseeded = tmp_path / "unseeded"
+    for i, sched in enumerate(("static", "continuous")):
+        write_results(unseeded / str(i), {"output_throughput": 1.0},
+                      {"scheduler": {"name": sched}})
+    assert "no seed" in _bad(tmp_path, capsys, [unseeded, "--by", "scheduler.name"])
+    disjoint = tmp_path / "disjoint"
+    for i, (sched, seed) in enumerate([("static", 0), ("static", 1), ("continuous", 2),
+                                       ("continuous", 3)]):
+        write_results(disjoint / str(i), {"output_throughput": 1.0},
+                      {"seed": seed, "scheduler": {"name": sched}})
+    assert "no pairs" in _bad(tmp_path, capsys, [disjoint, "--by", "scheduler.name"])
+    with pytest.raises(CompareError):
+        compare_runs(load_runs(disjoint), by="scheduler.name")
