@@ -39,17 +39,17 @@ def parse_bytes(value: int | float | str, key: str = "kv_cache_memory") -> int:
 class EngineConfig:
     """Everything `LLM(...)` and `schedlab run` accept, with vLLM's names where vLLM has one.
 
-    Plugin names are looked up in the registry; `*_options` are passed to the plugin's
-    constructor as keyword arguments.
+    A plugin field takes a registered name (`"fcfs"`), a `"module:Class"` path or the class
+    itself; `*_options` are passed to the plugin's constructor as keyword arguments.
     """
 
     model: str
-    scheduler: str = "continuous"
-    kv_allocator: str = "paged"
-    prefix_cache: str = "none"
-    attention: str = "sdpa"
-    queue: str = "fcfs"
-    executor: str = "torch"
+    scheduler: str | type = "continuous"
+    kv_allocator: str | type = "paged"
+    prefix_cache: str | type = "none"
+    attention: str | type = "sdpa"
+    queue: str | type = "fcfs"
+    executor: str | type = "torch"
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
@@ -82,9 +82,12 @@ class EngineConfig:
             raise ConfigError(f"model={self.model!r} must be a checkpoint directory or preset name")
         for kind in ("scheduler", "kv_allocator", "prefix_cache", "attention", "queue",
                      "executor", "dtype", "device"):
-            if not isinstance(getattr(self, kind), str):
-                raise ConfigError(f"{kind}={getattr(self, kind)!r} must be a name (a string)")
-            if kind not in ("dtype", "device"):
+            plugin = kind not in ("dtype", "device")
+            value = getattr(self, kind)
+            if not isinstance(value, str) and not (plugin and isinstance(value, type)):
+                raise ConfigError(f"{kind}={value!r} must be a name (a string)" + (
+                    ", a 'module:Class' path or a class" if plugin else ""))
+            if plugin:
                 options = getattr(self, f"{kind}_options")
                 if not isinstance(options, Mapping):
                     raise ConfigError(f"{kind}_options={options!r} must be a mapping of "

@@ -8,23 +8,25 @@ import time
 
 from schedlab import registry
 from schedlab.config import ConfigError, EngineConfig, parse_bytes
+from schedlab.contracts import check_kv_ownership, check_plan
 from schedlab.executor import Clock, Executor
 from schedlab.kv_manager import KVCacheManager
 from schedlab.request import Request, RequestStatus, SamplingParams
-from schedlab.scheduler import Scheduler, SchedulerConfig
+from schedlab.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from schedlab.stats import EngineCounters, StepStats
 
 #: KV pool used when neither num_kv_blocks nor kv_cache_memory is set (and not on a GPU)
 DEFAULT_KV_MEMORY = 1 << 30
 
 
-def _build(kind: str, cls: type, options: dict, *args):
+def _build(kind: str, cls: type, options: dict, *args, spec: object = None):
+    label = registry.describe(cls if spec is None else spec)
+    registry.check_options(kind, cls, options, label)
     try:
         return cls(*args, **options)
     except TypeError as e:
-        raise ConfigError(
-            f"{kind}_options {sorted(options)} not accepted by {cls.__name__}: {e}"
-        ) from None
+        raise ConfigError(f"{kind} {label} could not be built with {kind}_options "
+                          f"{dict(options)}: {e}") from None
 
 
 def _is_token_id(t: object) -> bool:
@@ -55,13 +57,17 @@ class Engine:
             classes["executor"] = executor_cls
         sched_cls, alloc_cls, pc_cls = (classes["scheduler"], classes["kv_allocator"],
                                         classes["prefix_cache"])
+        self.scheduler_name = registry.describe(cfg.scheduler)
+        pc_name, alloc_name = registry.describe(cfg.prefix_cache), registry.describe(
+            cfg.kv_allocator)
         if pc_cls.requires_sharing and not alloc_cls.supports_sharing:
             raise ConfigError(
-                f"prefix_cache={cfg.prefix_cache!r} cannot work with kv_allocator="
-                f"{cfg.kv_allocator!r}: a prefix cache shares blocks between requests and "
-                f"{cfg.kv_allocator!r} gives each request a private region; use kv_allocator=paged"
+                f"prefix_cache={pc_name} cannot work with kv_allocator="
+                f"{alloc_name}: a prefix cache shares blocks between requests and "
+                f"{alloc_name} gives each request a private region; use kv_allocator=paged"
             )
-        self.executor: Executor = _build("executor", classes["executor"], cfg.executor_options, cfg)
+        self.executor: Executor = _build("executor", classes["executor"], cfg.executor_options, cfg,
+                                         spec=None if executor_cls else cfg.executor)
         spec = self.executor.model_spec
         self.model_spec = spec
         max_len = cfg.max_model_len or spec.max_position_embeddings
@@ -76,7 +82,7 @@ class Engine:
         if not sched_cls.chunks_prefill and budget < max_len:
             raise ConfigError(
                 f"max_num_batched_tokens={budget} is smaller than max_model_len={max_len}: "
-                f"scheduler {cfg.scheduler!r} runs a prompt in one step, so a long one could "
+                f"scheduler {self.scheduler_name} runs a prompt in one step, so a long one could "
                 "never run; raise max_num_batched_tokens, lower max_model_len, or use "
                 "scheduler=chunked_prefill"
             )
@@ -87,9 +93,10 @@ class Engine:
         self.num_kv_blocks = self._size_kv_pool(max_len)
         self.executor.initialize_cache(self.num_kv_blocks, cfg.block_size)
         allocator = _build("kv_allocator", alloc_cls, cfg.kv_allocator_options,
-                           self.num_kv_blocks, cfg.block_size, max_len)
-        prefix_cache = _build("prefix_cache", pc_cls, cfg.prefix_cache_options, cfg.block_size)
-        queue = _build("queue", classes["queue"], cfg.queue_options)
+                           self.num_kv_blocks, cfg.block_size, max_len, spec=cfg.kv_allocator)
+        prefix_cache = _build("prefix_cache", pc_cls, cfg.prefix_cache_options, cfg.block_size,
+                              spec=cfg.prefix_cache)
+        queue = _build("queue", classes["queue"], cfg.queue_options, spec=cfg.queue)
         self.num_swap_blocks = self._size_swap_pool()
         self.kv = KVCacheManager(allocator, prefix_cache, self.num_swap_blocks)
         sched_cfg = SchedulerConfig(
@@ -99,7 +106,10 @@ class Engine:
             long_prefill_threshold=cfg.long_prefill_threshold,
         )
         self.scheduler: Scheduler = _build("scheduler", sched_cls, cfg.scheduler_options,
-                                           sched_cfg, self.kv, queue)
+                                           sched_cfg, self.kv, queue, spec=cfg.scheduler)
+        self._limits = sched_cfg
+        #: the last step's plan (checked in full by `check_integrity`)
+        self.last_plan: SchedulerOutput | None = None
         if clock is not None:
             self.executor.set_clock(clock)
         self.clock: Clock = self.executor.clock
@@ -235,6 +245,9 @@ class Engine:
         """
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
+        # NOTE: one pass over the plan (limits, tokens, KV held); ownership in check_integrity
+        check_plan(plan, self.scheduler_name, self._limits, self.kv, len(self.step_stats) + 1)
+        self.last_plan = plan
         if plan.is_empty:
             self._unstick()
             return []
@@ -256,7 +269,7 @@ class Engine:
         # NOTE: with validated requests an empty plan means nothing is queued; should a policy
         # ever stall with work left, its head request is rejected rather than left waiting.
         self.scheduler.reject_stalled(
-            f"scheduler {self.config.scheduler!r} could not schedule it with the KV pool and "
+            f"scheduler {self.scheduler_name} could not schedule it with the KV pool and "
             "token budget it has", self.clock.now())
 
     def _record(self, plan, step_time: float, now: float, fw: float) -> None:
@@ -309,4 +322,7 @@ class Engine:
                 self.check_integrity()
 
     def check_integrity(self) -> None:
+        """Raise if the scheduler, queue and KV disagree (AssertionError), or a KV block is held
+        by two requests outside the prefix cache (PluginContractError). Scans everything."""
         self.scheduler.check_integrity()
+        check_kv_ownership(self.scheduler, self.last_plan, self.scheduler_name)

@@ -44,7 +44,8 @@ class KVCacheManager:
         return a.num_blocks - a.num_free_blocks() - a.num_used_blocks()
 
     def match_prefix(self, request: Request) -> PrefixMatch:
-        """The reusable cached prefix for a request that holds no KV yet.
+        """The reusable cached prefix for a request that holds no KV yet. No state change
+        (cache-aware policies may call it freely).
 
         At least one token is always left to compute, so the step produces logits.
         """
@@ -81,6 +82,8 @@ class KVCacheManager:
             self.allocator.share(request, prefix.block_ids)
             request.num_computed_tokens = prefix.num_tokens
             self._num_inserted[request.request_id] = len(prefix.block_ids)
+            if self.prefix_cache is not None:
+                self.prefix_cache.acquire(prefix.block_ids)
         if self.prefix_cache is not None:
             need = self.allocator.blocks_needed(request, num_tokens)
             short = need - self.allocator.num_free_blocks()
@@ -120,8 +123,9 @@ class KVCacheManager:
         self._num_inserted.pop(request.request_id, None)
         if self.prefix_cache is not None and self.allocator.block_table(request):
             # NOTE: LRU counts from a block's last use, as vLLM's free queue does: the request's
-            # cached prefix was in use until now, so a match marks it recently used.
-            self.prefix_cache.match(request.token_slice(0, request.num_computed_tokens))
+            # cached prefix was in use until now, so releasing it marks it recently used.
+            pc = self.prefix_cache
+            pc.release(pc.match(request.token_slice(0, request.num_computed_tokens)).block_ids)
         orphaned = self.allocator.free(request)
         if self.prefix_cache is not None:
             orphaned = [b for b in orphaned if not self.prefix_cache.is_cached(b)]

@@ -21,6 +21,15 @@ class PrefixCache(ABC):
     keeps unreferenced ones after their requests finish, and gives them up (evicts) only
     when the pool needs them.
 
+    A lookup (`match`) changes nothing: policies may call it as often as they like (a
+    cache-aware queue does, per waiting request, per step). Reuse is reported separately:
+    `acquire` when a request starts using matched blocks, `release` when a request that held
+    cached blocks lets go of them. Recency or frequency bookkeeping for eviction belongs there.
+
+    The KV manager calls, per request: `match` (any number of times while it waits), then
+    `acquire(match.block_ids)` once when it is admitted with a hit, `insert` as its blocks fill
+    up, and `release` with its cached prefix when its KV is freed.
+
     Args:
         block_size: token slots per block (the unit of caching).
     """
@@ -37,11 +46,21 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def match(self, token_ids: Sequence[int]) -> PrefixMatch:
-        """Find the longest cached prefix made of whole blocks. Marks the hit recently used.
+        """Find the longest cached prefix made of whole blocks. No state change.
 
         Returns:
             The blocks, in order, and how many tokens they hold (a multiple of block_size).
         """
+
+    def acquire(self, block_ids: Sequence[int]) -> None:  # noqa: B027 (optional hook)
+        """A request is admitted reusing these cached blocks (a prefix of a `match` result):
+        a real hit. Changes state: the place to count reuse or mark recent use.
+        Default: nothing."""
+
+    def release(self, block_ids: Sequence[int]) -> None:  # noqa: B027 (optional hook)
+        """A request that used these cached blocks freed its KV (it finished, was preempted or
+        aborted); a block becomes evictable once no request holds it. Changes state: an LRU
+        cache counts a block's last use from here. Default: nothing."""
 
     @abstractmethod
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> int:

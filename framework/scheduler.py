@@ -61,9 +61,18 @@ class SchedulerOutput:
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    num_batched_tokens: int = 0
     #: swap preemption: (device block, host slot) pairs to copy out before the step
     swap_out: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens in the step: the sum of `num_new_tokens`, derived from the plan."""
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @num_batched_tokens.setter
+    def num_batched_tokens(self, value: int) -> None:
+        """Ignored: the count is derived from `scheduled` (plugins written when it had to be
+        set keep working)."""
 
     @property
     def swap_in(self) -> list[tuple[int, int]]:
@@ -249,13 +258,17 @@ class Scheduler(ABC):
             i += 1
         return budget
 
-    def admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+    def admit_waiting(self, out: SchedulerOutput, budget: int,
+                      max_num_new: int | None = None) -> int:
         """Admit queued requests in policy order while seats, budget and KV allow.
 
         Stops at the first request that does not fit (no skipping ahead: the policy's order is
-        kept). Returns the budget left.
+        kept), or after `max_num_new` admissions (None: no cap). Returns the budget left.
         """
+        num_new = 0
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+            if max_num_new is not None and num_new >= max_num_new:
+                break
             req = self.waiting.peek()
             prefix = self.kv.match_prefix(req)
             start = prefix.num_tokens if prefix.block_ids else req.num_computed_tokens
@@ -270,7 +283,14 @@ class Scheduler(ABC):
             self.running.append(req)
             out.scheduled.append(self._plan(req, n, start))
             budget -= n
+            num_new += 1
         return budget
+
+    def plan_request(self, request: Request, num_new_tokens: int) -> ScheduledRequest:
+        """A running request's share of this step: its next `num_new_tokens` tokens, from where
+        it stopped, over the KV it holds (allocate first). Append it to `out.scheduled`.
+        No state change beyond handing back swapped-out KV (see `_plan`)."""
+        return self._plan(request, num_new_tokens, request.num_computed_tokens)
 
     def _plan(self, req: Request, n: int, start: int) -> ScheduledRequest:
         """The request's share of the step. NOTE: every policy plans through here, so a

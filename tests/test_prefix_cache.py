@@ -75,7 +75,7 @@ def test_evict_least_recently_used_first_tail_first(name):
     c = make(name)
     c.insert(T[:8], [0, 1])
     c.insert(U, [2, 3])
-    c.match(T)  # T's blocks are now the most recently used
+    c.acquire(c.match(T).block_ids)  # T's blocks are now the most recently used
     assert c.evict(1, unused()) == [3]  # U's tail goes first
     assert c.evict(1, unused()) == [2]
     c.check_integrity()
@@ -89,7 +89,7 @@ def test_evict_skips_blocks_in_use_and_returns_at_most_asked(name):
     c = make(name)
     c.insert(T[:8], [0, 1])
     c.insert(U, [2, 3])
-    c.match(T)
+    c.acquire(c.match(T).block_ids)
     assert c.evict(1, unused({2, 3})) == [1]  # U is held by a request
     assert c.evict(5, unused({2, 3})) == [0]
     assert c.evict(5, unused({2, 3})) == []
@@ -182,3 +182,17 @@ def test_radix_evicts_part_of_a_leaf():
     assert c.evict(1, unused()) == [2]
     c.check_integrity()
     assert c.match(T).block_ids == [0, 1]
+
+
+@pytest.mark.parametrize("name", CACHES)
+def test_match_changes_nothing_only_acquire_and_release_mark_use(name):
+    c = make(name)
+    c.insert(T[:8], [0, 1])
+    c.insert(U, [2, 3])
+    for _ in range(5):  # lookups, as a cache-aware queue makes them, are not reuse
+        assert c.match(T).block_ids == [0, 1]
+    assert c.evict(1, unused()) == [1], "a lookup must not refresh T's blocks"
+    c.acquire(c.match(U).block_ids)
+    c.release([0])
+    assert c.evict(1, unused()) == [3], "acquire and release mark blocks used"
+    c.check_integrity()

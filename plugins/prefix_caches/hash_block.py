@@ -27,8 +27,9 @@ class HashBlockPrefixCache(PrefixCache):
     block and stops at the first miss. On a hit the stored tokens and parent hash are compared
     with the query's, so a hash collision is a miss, never a wrong block. Blocks stay cached
     after their requests finish; reference counts live in the allocator, and `evict` gives up
-    unreferenced blocks least recently used first (a block's last use is its last match,
-    insert, or the moment its request let go of it).
+    unreferenced blocks least recently used first (a block's last use is its insert, its
+    reuse by an admitted request (`acquire`), or the moment a request let go of it (`release`);
+    a lookup alone does not count).
     """
 
     def __init__(self, block_size: int, **options: object) -> None:
@@ -63,8 +64,13 @@ class HashBlockPrefixCache(PrefixCache):
             if e is None or e.tokens != tokens or e.parent_hash != parent:
                 break
             blocks.append(e.block_id)
-        self._touch(blocks)
         return PrefixMatch(blocks, len(blocks) * self.block_size)
+
+    def acquire(self, block_ids: Sequence[int]) -> None:
+        self._touch(block_ids)
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        self._touch(block_ids)
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
         new: list[int] = []

@@ -64,11 +64,25 @@ class RadixPrefixCache(PrefixCache):
 
     def match(self, token_ids: Sequence[int]) -> PrefixMatch:
         blocks: list[int] = []
-        now = next(self._clock)
         for node, _, j in self._walk(token_ids, len(token_ids) // self.block_size):
             blocks.extend(node.blocks[:j])
-            node.last_access = now
         return PrefixMatch(blocks, len(blocks) * self.block_size)
+
+    def _touch(self, block_ids: Sequence[int]) -> None:
+        now = next(self._clock)
+        node_of = self._node_of
+        last = None
+        for b in block_ids:
+            node = node_of.get(b)
+            if node is not None and node is not last:
+                node.last_access = now
+                last = node
+
+    def acquire(self, block_ids: Sequence[int]) -> None:
+        self._touch(block_ids)
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        self._touch(block_ids)
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
         bs, n = self.block_size, len(block_ids)

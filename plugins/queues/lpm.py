@@ -19,9 +19,9 @@ class LPMQueue(RequestQueue):
     victim is the latest arrival (the default).
 
     The order is recomputed on every `peek`/`pop` through the KV manager the scheduler binds
-    (`RequestQueue.bind`). NOTE: like SGLang's, each lookup marks the matched blocks recently
-    used, which keeps the prefixes waiting requests will use from being evicted. Iteration
-    (no state change) uses the match lengths of the last lookup.
+    (`RequestQueue.bind`). Lookups (`KVCacheManager.match_prefix`) change nothing in the
+    cache, so ordering never counts as reuse for eviction. Iteration (no state change) uses
+    the match lengths of the last lookup.
     """
 
     def __init__(self, **options: object) -> None:

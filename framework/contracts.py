@@ -1,0 +1,113 @@
+"""The rules a scheduler's plan must keep, checked by the engine after every `schedule()`.
+
+`check_plan` is cheap (a pass over the scheduled requests) and runs on every step;
+`check_kv_ownership` scans every block table and runs only under `check_integrity()`.
+"""
+
+from __future__ import annotations
+
+from schedlab.kv_manager import KVCacheManager
+from schedlab.registry import PluginError
+from schedlab.request import RequestStatus
+from schedlab.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+
+
+class PluginContractError(PluginError):
+    """A plugin broke a rule of its interface while running: a bug in the plugin, not in the
+    configuration. The message names the plugin and the rule."""
+
+
+def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCacheManager,
+               step: int) -> int:
+    """Check one step's plan against the limits and the requests' KV. No state change.
+
+    Args:
+        plan: what `schedule()` returned.
+        scheduler: the scheduler plugin as messages name it (e.g. `'continuous'`).
+        limits: `max_num_seqs` and `max_num_batched_tokens`.
+        kv: the KV manager (for the block size).
+        step: the step number the plan is for.
+
+    Returns:
+        The plan's number of tokens.
+
+    Raises:
+        PluginContractError: one sentence naming the scheduler and the broken rule.
+    """
+    where = f"scheduler {scheduler} planned step {step} with"
+    if not isinstance(plan, SchedulerOutput):
+        raise PluginContractError(
+            f"scheduler {scheduler}: schedule() returned {type(plan).__name__}, not a "
+            "SchedulerOutput; return an empty SchedulerOutput() when nothing should run")
+    scheduled = plan.scheduled
+    if len(scheduled) > limits.max_num_seqs:
+        raise PluginContractError(f"{where} {len(scheduled)} requests, more than "
+                                  f"max_num_seqs={limits.max_num_seqs}")
+    bs = kv.block_size
+    seen: set[int] = set()
+    total = 0
+    for sr in scheduled:
+        req = sr.request
+        rid = req.request_id
+        if id(req) in seen:
+            raise PluginContractError(f"{where} request {rid!r} twice; a request runs at most "
+                                      "once per step")
+        seen.add(id(req))
+        n, start = sr.num_new_tokens, sr.start
+        if n < 1:
+            raise PluginContractError(f"{where} {n} tokens for request {rid!r}; a scheduled "
+                                      "request runs at least one token")
+        if start != req.num_computed_tokens:
+            raise PluginContractError(
+                f"{where} request {rid!r} starting at token {start}, but it has computed "
+                f"{req.num_computed_tokens}; a step continues where the request stopped")
+        if start + n > req.num_tokens:
+            raise PluginContractError(
+                f"{where} tokens [{start}, {start + n}) for request {rid!r}, which has only "
+                f"{req.num_tokens} tokens")
+        if req.status is not RequestStatus.RUNNING:
+            raise PluginContractError(
+                f"{where} request {rid!r} whose status is {req.status.name}; admit it first "
+                "(admit_waiting() does, or set RUNNING and append it to self.running)")
+        if len(sr.block_ids) * bs < start + n:
+            raise PluginContractError(
+                f"{where} request {rid!r} up to token {start + n} but KV blocks for only "
+                f"{len(sr.block_ids) * bs} tokens; allocate first (self.kv.allocate, or "
+                "schedule_running / admit_waiting)")
+        total += n
+    if total > limits.max_num_batched_tokens:
+        raise PluginContractError(f"{where} {total} tokens, more than max_num_batched_tokens="
+                                  f"{limits.max_num_batched_tokens}")
+    return total
+
+
+def check_kv_ownership(scheduler: Scheduler, plan: SchedulerOutput | None, name: str) -> None:
+    """The full KV check: no block held by two requests unless shared through the prefix cache,
+    and the last plan's block tables are the allocator's. Scans every block table.
+
+    Raises:
+        PluginContractError: names the scheduler, the block and the requests.
+    """
+    kv = scheduler.kv
+    table = kv.allocator.block_table
+    pc = kv.prefix_cache
+    owner: dict[int, str] = {}
+    for req in scheduler.running:
+        for b in table(req):
+            other = owner.setdefault(b, req.request_id)
+            if other != req.request_id and (pc is None or not pc.is_cached(b)):
+                raise PluginContractError(
+                    f"scheduler {name}: KV block {b} is held by requests {other!r} and "
+                    f"{req.request_id!r} but is not a prefix-cache block")
+    if plan is None:
+        return
+    running = {id(r) for r in scheduler.running}
+    for sr in plan.scheduled:
+        if id(sr.request) not in running:
+            continue  # finished (and freed) in the step
+        held = table(sr.request)
+        if list(sr.block_ids) != held[: len(sr.block_ids)]:
+            raise PluginContractError(
+                f"scheduler {name} planned request {sr.request.request_id!r} with block table "
+                f"{list(sr.block_ids)[:8]}... which is not the KV it holds; plan through "
+                "self.plan_request() (or schedule_running / admit_waiting)")
