@@ -1,4 +1,5 @@
-"""Summarise one experiment's sweep: median and min-max over seeds, a table and a figure.
+"""Summarise one experiment's sweep: median over seeds with a bootstrap interval, a table and a
+figure.
 
     python experiments/summarize.py <multirun dir> [--experiment NAME] [--publish]
 
@@ -27,6 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from summaries import SPECS, Metric, Spec  # noqa: E402
+from summaries.common import INTERVAL, median_ci  # noqa: E402
 
 from schedlab.runs.report import ReportError, RunRecord, find_runs, swept_parameters  # noqa: E402
 
@@ -37,12 +39,15 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 @dataclass(frozen=True, slots=True)
 class Stat:
-    """One metric over the seeds of one point."""
+    """One metric over the seeds of one point: the median, its bootstrap interval (`lo`, `hi`:
+    `summaries.common.median_ci`; the median itself with one seed), and the range."""
 
     median: float | None
     lo: float | None
     hi: float | None
     n: int
+    min: float | None = None
+    max: float | None = None
 
 
 @dataclass(slots=True)
@@ -63,11 +68,13 @@ class Row:
 
 
 def aggregate(values: Sequence[float | None]) -> Stat:
-    """Median and min-max of the finite values."""
+    """Median, its bootstrap interval and min-max of the finite values."""
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not xs:
         return Stat(None, None, None, 0)
-    return Stat(statistics.median(xs), min(xs), max(xs), len(xs))
+    med = statistics.median(xs)
+    lo, hi = median_ci(xs) if len(xs) > 1 else (med, med)
+    return Stat(med, lo, hi, len(xs), min(xs), max(xs))
 
 
 def group_runs(runs: Sequence[RunRecord], spec: Spec) -> tuple[list[str], list[Row]]:
@@ -103,7 +110,7 @@ def render(spec: Spec, mode: str, keys: list[str], rows: list[Row], runs: Sequen
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     csv_rows: list[list[Any]] = [[*keys, "seeds",
                                   *(f"{m.key}{s}" for m in spec.metrics
-                                    for s in ("", "_min", "_max"))]]
+                                    for s in ("", "_min", "_max", "_ci_lo", "_ci_hi"))]]
     for row in rows:
         cells = [_param_cell(row.params[k]) for k in keys]
         cells.append(",".join(map(str, row.seeds)))
@@ -111,9 +118,11 @@ def render(spec: Spec, mode: str, keys: list[str], rows: list[Row], runs: Sequen
         lines.append("| " + " | ".join(cells) + " |")
         csv_rows.append([*(row.params[k] for k in keys), " ".join(map(str, row.seeds)),
                          *(v for m in spec.metrics for v in (
-                             row.stats[m.key].median, row.stats[m.key].lo, row.stats[m.key].hi))])
+                             row.stats[m.key].median, row.stats[m.key].min, row.stats[m.key].max,
+                             row.stats[m.key].lo, row.stats[m.key].hi))])
     doc = [f"# {spec.title} ({mode})", "", spec.claim, "", f"Setup: {setup_line(runs)}.", "",
-           "Each cell: median over seeds [min-max].", "", *lines, ""]
+           f"Each cell: median over seeds [{INTERVAL}]; the CSV also has min and max.", "",
+           *lines, ""]
     notes = spec.notes(rows, runs)
     if notes:
         doc += ["## Summary", "", *(f"- {n}" for n in notes), ""]
@@ -201,7 +210,7 @@ def _stat_cell(s: Stat, fmt: str) -> str:
         return "-"
     text = f"{s.median:{fmt}}"
     if s.n > 1 and f"{s.lo:{fmt}}" != f"{s.hi:{fmt}}":
-        text += f" [{s.lo:{fmt}}-{s.hi:{fmt}}]"
+        text += f" [{s.lo:{fmt}}, {s.hi:{fmt}}]"
     return text
 
 

@@ -204,3 +204,36 @@ def test_runs_without_seeds_to_pair_are_refused(tmp_path, capsys):
     assert "no pairs" in _bad(tmp_path, capsys, [disjoint, "--by", "scheduler.name"])
     with pytest.raises(CompareError):
         compare_runs(load_runs(disjoint), by="scheduler.name")
+
+
+def test_experiment_tables_publish_a_bootstrap_interval_of_the_median(tmp_path):
+    """summarize.py over 8 seeds: each cell's interval lies inside min-max and is narrower."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import summarize
+    from summaries.common import paired_ratio
+
+    for i, (kv, seed) in enumerate((k, s) for k in ("contiguous", "paged") for s in range(8)):
+        thr = (200.0 if kv == "paged" else 100.0) + 10.0 * ((seed * 7) % 8)  # spread 0..70
+        metrics = {"output_throughput": thr, "num_kv_blocks": 64, "mean_kv_used_tokens": 200.0,
+                   "mean_kv_reserved_tokens": 900.0, "kv_waste_pct": 50.0,
+                   "max_concurrent_requests": 4, "mean_num_running": 2.0}
+        write_results(tmp_path / "sweep" / str(i), metrics,
+                      {"seed": seed, "exp": {"name": "paged_vs_contiguous", "mode": "sim",
+                                             "kv": kv}, "engine": {"block_size": 16}})
+    summarize.summarize(tmp_path / "sweep")
+    md = (tmp_path / "sweep" / "paged_vs_contiguous_sim.md").read_text()
+    assert "percentile bootstrap interval of the median" in md
+    with (tmp_path / "sweep" / "paged_vs_contiguous_sim.csv").open() as f:
+        row = {r["exp.kv"]: r for r in csv.DictReader(f)}["contiguous"]
+    lo, hi = float(row["output_throughput_ci_lo"]), float(row["output_throughput_ci_hi"])
+    assert float(row["output_throughput_min"]) < lo <= float(row["output_throughput"]) <= hi
+    assert hi < float(row["output_throughput_max"])
+    assert f"[{lo:.1f}, {hi:.1f}]" in md
+    runs = summarize.find_runs(tmp_path / "sweep")
+    _, rows = summarize.group_runs(runs, summarize.SPECS["paged_vs_contiguous"])
+    cont, paged = rows
+    assert paired_ratio(paged, cont, "output_throughput").startswith("1.")
+    assert "(not significant)" in paired_ratio(cont, cont, "output_throughput")

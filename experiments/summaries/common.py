@@ -2,21 +2,40 @@
 
 `summarize.py` groups the runs of a sweep into rows (one per point, its seeds aggregated) and
 hands them to a Spec. A row has `params` (config key -> value), `runs` (the RunRecords of its
-seeds) and `stats` (metric key -> Stat with median, lo, hi, n). No Hydra, no engine.
+seeds) and `stats` (metric key -> Stat with median, lo, hi (its bootstrap interval), n, min,
+max). No Hydra, no engine.
+
+Every interval published with an experiment is `median_ci`: a percentile bootstrap interval of
+the median over seeds, seeded, so a rerun over the same results gives the same table.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schedlab.runs.bootstrap import bootstrap_ci, min_pairs
+
 Getter = Callable[[Any], float | None]
 #: the request rate of Poisson arrivals (req/s), swept by the online experiments
 RATE = "workload.arrival.rate"
+#: the published intervals: level, bootstrap resamples and the generator's seed
+CONFIDENCE, RESAMPLES, BOOT_SEED = 0.95, 10_000, 0
+INTERVAL = (f"{100 * CONFIDENCE:g}% percentile bootstrap interval of the median, "
+            f"{RESAMPLES} resamples; with up to 5 seeds it is the min-max range")
+
+
+def median_ci(xs: Sequence[float]) -> tuple[float, float]:
+    """The published interval of the median of `xs` (at least 2 values): percentile
+    bootstrap at CONFIDENCE, RESAMPLES resamples, seeded (percentile rather than BCa: BCa's
+    jackknife acceleration is unreliable for a median)."""
+    ci = bootstrap_ci(xs, "median", CONFIDENCE, RESAMPLES, "percentile", BOOT_SEED)
+    return ci.lo, ci.hi
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +120,11 @@ def values(rows: list, key: str) -> list:
 
 
 def paired_ratio(a: Any, b: Any, metric: str, derive: Getter | None = None) -> str:
-    """a / b of a metric, paired seed by seed: 'median [min-max]x' ('-' if no pair)."""
+    """a / b of a metric, paired seed by seed: 'median x [interval]' ('-' if no pair).
+
+    The interval is `median_ci` of the per-seed ratios; from `min_pairs` seeds on (6 at 95%)
+    an interval that covers 1 is marked "not significant".
+    """
     get = derive or (lambda run: run.metrics.get(metric))
     b_by_seed = {run.config.get("seed"): get(run) for run in b.runs}
     ratios = []
@@ -111,10 +134,17 @@ def paired_ratio(a: Any, b: Any, metric: str, derive: Getter | None = None) -> s
             ratios.append(va / vb)
     if not ratios:
         return "-"
+    ratios = [r for r in ratios if math.isfinite(r)]
+    if not ratios:
+        return "-"
     med = statistics.median(ratios)
-    if len(ratios) > 1 and f"{min(ratios):.2f}" != f"{max(ratios):.2f}":
-        return f"{med:.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
-    return f"{med:.2f}x"
+    if len(ratios) < 2:
+        return f"{med:.2f}x"
+    lo, hi = median_ci(ratios)
+    text = f"{med:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{med:.2f}x [{lo:.2f}, {hi:.2f}]"
+    if len(ratios) >= min_pairs(CONFIDENCE) and lo <= 1.0 <= hi:
+        text += " (not significant)"
+    return text
 
 
 def find(rows: list, params: dict[str, Any]) -> Any | None:
@@ -134,7 +164,8 @@ def config_value(runs: Sequence, key: str, default: Any = None) -> Any:
 
 def line(ax: Any, rows: list, x: str, y: str, label: str, style: str = "o-",
           x_metric: bool = False, color: str | None = None) -> None:
-    """Medians joined by a line, min-max as error bars; x is a param or (x_metric) a metric."""
+    """Medians joined by a line, their intervals as error bars; x is a param or (x_metric) a
+    metric."""
     pts = []
     for r in rows:
         xv = r.stats[x].median if x_metric else r.params.get(x)
