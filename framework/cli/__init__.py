@@ -10,7 +10,6 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
 
 USAGE = """\
 usage: schedlab <command> [args]
@@ -21,7 +20,8 @@ commands:
   compare <dir> --by <param>   paired differences over seeds, with bootstrap intervals
   calibrate [args]    fit the simulated executor's cost model to measured steps
   validate [args]     compare the simulated executor with the real one
-  plugins             list the installed plugins per interface
+  plugins [--check]   list the installed plugins per interface; --check [KIND=NAME ...] runs
+                      the plugin checks (contracts, checked engine runs) on them
 
 examples:
   schedlab run
@@ -89,19 +89,11 @@ def run_command(overrides: Sequence[str]) -> int:
 
 
 def plugins_command(args: Sequence[str]) -> int:
-    """`schedlab plugins`: every interface's installed plugins, without importing them."""
-    from schedlab import registry
+    """`schedlab plugins [--check [KIND=NAME ...]]`: list the installed plugins (nothing
+    imported), or check them (see `schedlab.cli.plugins`)."""
+    from schedlab.cli import plugins
 
-    if args:
-        print("usage: schedlab plugins", file=sys.stderr)
-        return 2
-    for kind, group in registry.GROUPS.items():
-        print(f"{kind} ({group}):")
-        for name in registry.available(kind):
-            ep = next(e for e in entry_points(group=group) if e.name == name)
-            dist = ep.dist.name if ep.dist is not None else "?"
-            print(f"  {name:<16} {ep.value}  [{dist}]")
-    return 0
+    return plugins.main(args)
 
 
 #: subcommand -> (module, what it is) ; each module has main(argv) -> int

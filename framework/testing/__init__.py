@@ -1,0 +1,34 @@
+"""Contract and property checks for plugin authors, shipped with schedlab.
+
+Run them against any plugin, registered or not::
+
+    schedlab plugins --check scheduler=my_policy
+    pytest --pyargs schedlab.testing --plugin scheduler=my_module:MyScheduler
+
+or from Python: `check_plugin("queue", MyQueue)`. See docs/plugins.md.
+
+Names are imported on first use, so the pytest plugin (`schedlab.testing.pytest_plugin`)
+loads nothing heavy into other test suites.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CheckResult": "checks", "all_targets": "checks", "check_plugin": "checks",
+    "parse_target": "checks",
+    "CheckingExecutor": "executor", "KVContractError": "executor", "reference_output": "executor",
+    "SETTINGS": "runs", "RunSetting": "runs", "engine_config": "runs", "run_engine": "runs",
+    "CONTRACTS": "contracts",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'schedlab.testing' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"schedlab.testing.{module}"), name)
