@@ -3,9 +3,56 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+
+#: slot_mapping value of a padding token (a CUDA-graph bucket's filler rows): not stored
+PAD_SLOT_ID = -1
+
+
+def padded_decode_groups(
+    contexts: Sequence[int], max_waste: float, max_tokens: int | None = None
+) -> list[tuple[int, int]]:
+    """Cut decodes sorted longest context first into groups attended as one padded batch each.
+
+    A group starts at its longest context and grows while its padded K/V tokens (rows x the
+    longest context) stay within `(1 + max_waste)` x the tokens it really reads and within
+    `max_tokens`; `inf` and `None` make one group of everything. One pass, no tensor work.
+
+    Args:
+        contexts: context lengths, non-increasing.
+        max_waste: the padding a group may add, as a fraction of its real K/V tokens (>= 0).
+        max_tokens: the most padded K/V tokens one group may gather (None: no cap); a group
+            always takes at least one row.
+
+    Returns:
+        `[lo, hi)` row ranges covering `contexts` in order.
+    """
+    groups: list[tuple[int, int]] = []
+    lo, n = 0, len(contexts)
+    while lo < n:
+        longest, total, hi = contexts[lo], contexts[lo], lo + 1
+        limit = 1.0 + max_waste
+        cap = n if max_tokens is None else max(1, max_tokens // max(1, longest))
+        while (hi < n and hi - lo < cap
+               and longest * (hi - lo + 1) <= limit * (total + contexts[hi])):
+            total += contexts[hi]
+            hi += 1
+        groups.append((lo, hi))
+        lo = hi
+    return groups
+
+
+def padded_decode_kv(contexts: Sequence[int], max_waste: float | None) -> int:
+    """K/V tokens read by decodes of `contexts` under `padded_decode_groups` (`None`: each
+    decode reads only its own context, as paged kernels do)."""
+    if max_waste is None:
+        return sum(contexts)
+    ctx = sorted(contexts, reverse=True)
+    return sum(ctx[lo] * (hi - lo) for lo, hi in padded_decode_groups(ctx, max_waste))
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +91,12 @@ class AttentionMetadata:
     Sequences are packed back to back; the first `num_decodes` have exactly one query token.
     Sequence i's queries are rows `query_start_loc[i]:query_start_loc[i+1]` and sit at the
     last `query_lens[i]` positions of its context of `seq_lens[i]` tokens (causal).
+
+    A decode step padded to a CUDA-graph bucket carries filler decodes after the real ones:
+    slot `PAD_SLOT_ID` (nothing is stored), context length 1, block-table row of zeros; their
+    outputs are discarded. When the step is captured (`graph_capture`), the host copies are
+    upper bounds fixed at capture time (`seq_lens_host` = the longest context a replay may
+    see), so a backend must read real lengths from the device tensors.
     """
 
     slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token
@@ -55,6 +108,7 @@ class AttentionMetadata:
     num_decodes: int
     max_query_len: int
     max_seq_len: int
+    graph_capture: bool = False
 
     @property
     def num_seqs(self) -> int:
@@ -65,13 +119,26 @@ class AttentionBackend(ABC):
     """Owns the paged KV cache tensors and computes attention over them.
 
     Each layer's cache is `[num_blocks, block_size, num_kv_heads, head_dim]` for K and for V;
-    token slot s is `(s // block_size, s % block_size)`. The backend never knows the scheduler.
+    token slot s is `(s // block_size, s % block_size)`; a negative slot (`PAD_SLOT_ID`) is
+    padding and is not stored. The backend never knows the scheduler.
+
+    Class attributes a backend declares (read by the executor and the simulator):
+        supports_cuda_graphs: `forward` of a decode-only step can be captured in a CUDA graph
+            (no host sync, no shape read from the host copies in `AttentionMetadata`); a
+            backend that cannot makes the executor run its steps eagerly.
+        decode_pad_waste: `None` when each decode reads only its own context (paged kernels);
+            else decodes are attended in padded groups (`padded_decode_groups`) that may read
+            up to this fraction more K/V than the contexts hold. The simulator charges the
+            padded reads.
 
     Args:
         spec: the model's KV shape.
         num_blocks: blocks in the pool.
         device: where the cache lives.
     """
+
+    supports_cuda_graphs: ClassVar[bool] = False
+    decode_pad_waste: ClassVar[float | None] = None
 
     def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device | str) -> None:
         self.spec = spec

@@ -7,10 +7,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from schedlab.attention import AttentionBackend, AttentionMetadata
+from schedlab.attention import AttentionBackend, AttentionMetadata, padded_decode_groups
 
-#: decodes attended together in one SDPA call (each group is padded to its own longest context)
-DECODE_GROUP_SIZE = 8
+#: padding a group of decodes attended in one SDPA call may add, as a fraction of the K/V it
+#: really reads (see `padded_decode_groups`); measured on the CPU in experiments/PERF_NOTES.md
+DECODE_PAD_WASTE = 0.25
+#: the most padded K/V tokens one decode call gathers, by device type (None: no cap). On a CPU
+#: a gather larger than the caches slows SDPA down more than extra calls cost; on a GPU the
+#: launches are what cost (PERF_NOTES.md).
+DECODE_GROUP_TOKENS: dict[str, int | None] = {"cpu": 2048, "cuda": None}
 
 
 @dataclass(slots=True)
@@ -36,26 +41,53 @@ class _StepPlan:
 
     decodes: list[_DecodeGroup]
     prefills: list[_PrefillSeq]
+    stored: torch.Tensor | None  # rows whose K/V are stored; None: all (no padding slots)
 
 
 class SDPABackend(AttentionBackend):
     """Reference backend: runs on any device torch runs on.
 
-    New K/V are scattered into the cache by slot. Decodes are attended in groups of
-    `DECODE_GROUP_SIZE` consecutive sequences (the executor orders decodes longest first, so
-    a group pads to little), one SDPA call per group over K/V gathered through the block
-    tables; grouped-query heads are folded into the query length (a decode's G query heads
+    New K/V are scattered into the cache by slot (padding slots skipped). Decodes are attended
+    as a few padded batches, one SDPA call each over K/V gathered through the block tables:
+    the executor orders decodes longest context first, and `padded_decode_groups` cuts them
+    where padding to the group's longest context would read more than `decode_pad_waste`
+    extra K/V (contexts of similar length: one call for the whole batch; `inf`: always one
+    call). Grouped-query heads are folded into the query length (a decode's G query heads
     that share a KV head become G query rows), so K/V are never repeated per head. Each
     prefill chunk is one SDPA call, causal within the chunk, over its whole context; one with
     no earlier context attends over its own new K/V without reading the cache. Masks, block
     indices and groups are built once per step, at the first layer, and reused by the others.
+
+    Its per-step plan is built from the host copies of the metadata, so it cannot run inside a
+    CUDA graph (`supports_cuda_graphs = False`): the executor runs it eagerly.
+
+    Args:
+        spec: the model's KV shape.
+        num_blocks: blocks in the pool.
+        device: where the cache lives.
+        decode_pad_waste: the padding a decode group may add (fraction >= 0; `inf`: no bound).
+        decode_group_tokens: the most padded K/V tokens one decode call gathers; `None`
+            (default) takes the device's entry of `DECODE_GROUP_TOKENS`; 0: no cap.
     """
 
-    def __init__(self, spec, num_blocks, device, decode_group_size: int = DECODE_GROUP_SIZE):
+    supports_cuda_graphs = False
+    decode_pad_waste = DECODE_PAD_WASTE
+
+    def __init__(self, spec, num_blocks, device, decode_pad_waste: float = DECODE_PAD_WASTE,
+                 decode_group_tokens: int | None = None):
         super().__init__(spec, num_blocks, device)
-        if decode_group_size <= 0:
-            raise ValueError(f"decode_group_size must be positive, got {decode_group_size}")
-        self.decode_group_size = decode_group_size
+        if (isinstance(decode_pad_waste, bool) or not isinstance(decode_pad_waste, int | float)
+                or not decode_pad_waste >= 0):
+            raise ValueError(f"attention_options decode_pad_waste={decode_pad_waste!r} must be "
+                             "a number >= 0 (inf: one call for all decodes)")
+        self.decode_pad_waste = float(decode_pad_waste)
+        if decode_group_tokens is None:
+            decode_group_tokens = DECODE_GROUP_TOKENS.get(self.device.type)
+        elif isinstance(decode_group_tokens, bool) or not isinstance(decode_group_tokens, int) \
+                or decode_group_tokens < 0:
+            raise ValueError(f"attention_options decode_group_tokens={decode_group_tokens!r} "
+                             "must be an integer >= 0 (0: no cap)")
+        self.decode_group_tokens = decode_group_tokens or None
         self._meta: AttentionMetadata | None = None
         self._plan: _StepPlan | None = None
 
@@ -65,8 +97,8 @@ class SDPABackend(AttentionBackend):
         bs, dev = self.block_size, self.device
         lens = meta.seq_lens_host
         decodes = []
-        for lo in range(0, meta.num_decodes, self.decode_group_size):
-            hi = min(lo + self.decode_group_size, meta.num_decodes)
+        for lo, hi in padded_decode_groups(lens[: meta.num_decodes], self.decode_pad_waste,
+                                           self.decode_group_tokens):
             longest = max(lens[lo:hi])
             nblocks = -(-longest // bs)
             ids = meta.block_tables[lo:hi, :nblocks].reshape(-1)
@@ -93,7 +125,12 @@ class SDPABackend(AttentionBackend):
                 prefills.append(_PrefillSeq(start, end, ctx, meta.block_tables[i, :nblocks],
                                             mask))
             start = end
-        self._meta, self._plan = meta, _StepPlan(decodes, prefills)
+        stored = None
+        if meta.num_decodes and lens[meta.num_decodes - 1] == 1:  # maybe padded: one check
+            keep = meta.slot_mapping >= 0
+            if not bool(keep.all()):
+                stored = keep.nonzero().squeeze(1)
+        self._meta, self._plan = meta, _StepPlan(decodes, prefills, stored)
         return self._plan
 
     def forward(self, layer_idx, query, key, value, meta: AttentionMetadata, scale):
@@ -103,9 +140,13 @@ class SDPABackend(AttentionBackend):
         group = num_heads // num_kv_heads
         k_flat = k_cache.view(-1, num_kv_heads, head_dim)
         v_flat = v_cache.view(-1, num_kv_heads, head_dim)
-        k_flat.index_copy_(0, meta.slot_mapping, key.to(k_cache.dtype))
-        v_flat.index_copy_(0, meta.slot_mapping, value.to(v_cache.dtype))
         plan = self._step_plan(meta, query.dtype)
+        slots, new_k, new_v = meta.slot_mapping, key, value
+        if plan.stored is not None:  # padding rows of a bucketed step: not stored
+            slots = slots.index_select(0, plan.stored)
+            new_k, new_v = key.index_select(0, plan.stored), value.index_select(0, plan.stored)
+        k_flat.index_copy_(0, slots, new_k.to(k_cache.dtype))
+        v_flat.index_copy_(0, slots, new_v.to(v_cache.dtype))
 
         out = query.new_empty(num_tokens, num_heads, head_dim)
         for g in plan.decodes:
@@ -117,7 +158,8 @@ class SDPABackend(AttentionBackend):
             o = F.scaled_dot_product_attention(q, k.transpose(1, 2).to(q.dtype),
                                                v.transpose(1, 2).to(q.dtype),
                                                attn_mask=g.mask, scale=scale)
-            out[g.lo : g.hi] = o.view(n, num_heads, head_dim)
+            # NOTE: reshape, not view: a CUDA SDPA kernel may return a non-contiguous output
+            out[g.lo : g.hi] = o.reshape(n, num_heads, head_dim)
         for p in plan.prefills:
             q_len = p.hi - p.lo
             q = query[p.lo : p.hi].transpose(0, 1)  # [H, q, D]
@@ -137,5 +179,5 @@ class SDPABackend(AttentionBackend):
                 q.reshape(num_kv_heads, group, q_len, head_dim), k, v, attn_mask=mask,
                 is_causal=causal, scale=scale,
             )
-            out[p.lo : p.hi] = o.view(num_heads, q_len, head_dim).transpose(0, 1)
+            out[p.lo : p.hi] = o.reshape(num_heads, q_len, head_dim).transpose(0, 1)
         return out
