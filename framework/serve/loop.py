@@ -1,0 +1,356 @@
+"""The engine's one background thread: requests in through a thread-safe queue, text out per step.
+
+The engine is not thread-safe, so a single thread owns it: HTTP handlers (on the asyncio event
+loop) hand in `GenerateRequest`s and aborts through `EngineLoop`'s inbox, and each step's new
+tokens go back to each handler's `RequestStream` (an asyncio queue fed with
+`call_soon_threadsafe`). Nothing is dropped: every submitted request gets exactly one final
+event (finished, aborted, rejected with its reason, or refused while overloaded/draining).
+
+On a virtual clock (`executor=sim`) the loop runs in real time: a `PacedClock` makes each step
+last its simulated duration on the wall clock and never lets simulated time fall behind it, so
+a client measures the simulated latencies (plus the server's real overhead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from schedlab.config import EngineConfig
+from schedlab.engine import Engine
+from schedlab.executor import VirtualClock
+from schedlab.request import Request, SamplingParams
+from schedlab.serve.text import TextStream
+from schedlab.stats import EngineCounters
+
+log = logging.getLogger("schedlab.serve")
+
+#: how long the idle loop blocks on its inbox before checking whether it should stop (s)
+_IDLE_WAIT_S = 0.05
+
+
+class PacedClock(VirtualClock):
+    """A virtual clock held to the wall clock: `advance(dt)` returns once the wall clock has
+    caught up with the new simulated time, and `catch_up()` moves simulated time forward to
+    the wall clock (time the server spent idle or on its own overhead)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._wall0 = time.perf_counter()
+
+    def wall(self) -> float:
+        return time.perf_counter() - self._wall0
+
+    def advance(self, dt: float) -> None:
+        super().advance(dt)
+        self._pace()
+
+    def sleep_until(self, t: float) -> None:
+        super().sleep_until(t)
+        self._pace()
+
+    def catch_up(self) -> None:
+        """Simulated time := max(simulated time, wall time). Changes state."""
+        super().sleep_until(self.wall())
+
+    def _pace(self) -> None:
+        ahead = self.now() - self.wall()
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def build_engine(config: EngineConfig) -> Engine:
+    """An engine for serving: as `Engine(config)`, but an executor on a virtual clock runs on a
+    `PacedClock` (real-time pacing of the simulated step times)."""
+    engine = Engine(config)
+    if isinstance(engine.clock, VirtualClock):
+        engine = Engine(config, clock=PacedClock())
+    return engine
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    """One request as a handler hands it to the loop.
+
+    Args:
+        request_id: unique (the handler makes one).
+        prompt_token_ids: the prompt, already tokenized.
+        sampling_params: the engine's sampling parameters.
+        stop: OpenAI `stop` strings (the text ends before the first one that appears).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class StreamEvent:
+    """What a handler receives: first an acceptance (or a refusal), then text per step.
+
+    Args:
+        text: new text since the last event.
+        num_prompt_tokens: the prompt's length.
+        num_output_tokens: output tokens so far (usage's `completion_tokens`).
+        finish_reason: set on the last event: "stop", "length" or "abort".
+        error: a refusal: the request never ran (the message says why).
+        status: the HTTP status for `error` (400 rejected, 503 overloaded or draining).
+    """
+
+    text: str = ""
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    status: int = 200
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+class RequestStream:
+    """One request's events, read on the asyncio loop that submitted it."""
+
+    def __init__(self, request_id: str, aloop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self._aloop = aloop
+        self._queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+
+    def put(self, event: StreamEvent) -> None:
+        """Deliver an event (from the engine thread). Dropped if the event loop has closed."""
+        try:
+            self._aloop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the server's event loop is gone: nobody is listening
+            pass
+
+    async def get(self) -> StreamEvent:
+        return await self._queue.get()
+
+
+@dataclass(slots=True)
+class _Active:
+    request: Request
+    stream: RequestStream
+    text: TextStream
+    num_sent_tokens: int = 0
+
+
+@dataclass(slots=True)
+class FinishedRequest:
+    """A request that ended, as the metrics see it.
+
+    Args:
+        request: the engine's request (timestamps on the engine clock).
+        finish_reason: "stop", "length" or "abort" (a stop string ends as "stop").
+        num_output_tokens: the tokens the client was charged for.
+    """
+
+    request: Request
+    finish_reason: str
+    num_output_tokens: int
+
+
+class EngineLoop:
+    """Owns the engine on a background thread.
+
+    Args:
+        engine: a built engine; nothing else may touch it once `start` is called.
+        tokenizer: decodes output text (None: tokens become `<id>`).
+        max_waiting: refuse new requests (HTTP 503) while this many wait in the engine's queue;
+            None: no limit.
+        on_finished: called on the engine thread with each finished request (metrics).
+    """
+
+    def __init__(self, engine: Engine, tokenizer=None, max_waiting: int | None = None,
+                 on_finished: Callable[[FinishedRequest], None] | None = None) -> None:
+        if max_waiting is not None and max_waiting < 0:
+            raise ValueError(f"max_waiting={max_waiting} must be >= 0 or None")
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.max_waiting = max_waiting
+        self._on_finished = on_finished
+        self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._active: dict[str, _Active] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._draining = False
+        self._paced = engine.clock if isinstance(engine.clock, PacedClock) else None
+        #: the engine's counters after the last step (read by /metrics on another thread)
+        self.counters: EngineCounters = engine.counters()
+        # NOTE: each written by one thread only (submit: the event loop; done: the engine)
+        self._num_submitted = 0
+        self._num_done = 0
+
+    # ---- called from other threads -------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread. Changes state."""
+        self._thread = threading.Thread(target=self._run, name="schedlab-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort what is in flight and stop the thread. Changes state."""
+        self.abort_all()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, request: GenerateRequest) -> RequestStream:
+        """Hand a request in; call from the asyncio loop that will read its events."""
+        stream = RequestStream(request.request_id, asyncio.get_running_loop())
+        self._num_submitted += 1  # counted at once: a drain never misses one in the inbox
+        self._inbox.put(("submit", request, stream))
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (a client went away); unknown or finished ids are ignored."""
+        self._inbox.put(("abort", request_id))
+
+    def abort_all(self) -> None:
+        """Abort every request in flight (a drain that ran out of time)."""
+        self._inbox.put(("abort_all",))
+
+    def start_draining(self) -> None:
+        """Refuse new requests from now on (HTTP 503); in-flight ones go on. Changes state."""
+        self._draining = True
+
+    @property
+    def num_active(self) -> int:
+        """Requests submitted whose final event has not been sent yet (any thread)."""
+        return self._num_submitted - self._num_done
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def call(self, fn: Callable[[Engine], Any]) -> Future:
+        """Run `fn(engine)` on the engine thread between steps (e.g. `check_integrity`)."""
+        fut: Future = Future()
+        self._inbox.put(("call", fn, fut))
+        return fut
+
+    # ---- the engine thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stop.is_set():
+            self._take_inbox(block=not engine.has_unfinished())
+            if not engine.has_unfinished():
+                continue
+            if self._paced is not None:
+                self._paced.catch_up()
+            try:
+                engine.step()
+            except Exception:  # noqa: BLE001 - a bug must not kill the server silently
+                log.exception("engine step failed; aborting the requests in flight")
+                self._fail_all("the engine failed during a step; see the server log")
+                continue
+            self._dispatch()
+            self.counters = engine.counters()
+
+    def _take_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+        self.counters = self.engine.counters()
+
+    def _handle(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "submit":
+            self._submit(item[1], item[2])
+        elif kind == "abort":
+            a = self._active.get(item[1])
+            if a is not None:
+                self._end(a, "abort")
+        elif kind == "abort_all":
+            for a in list(self._active.values()):
+                self._end(a, "abort")
+        elif kind == "call":
+            fn, fut = item[1], item[2]
+            try:
+                fut.set_result(fn(self.engine))
+            except BaseException as e:  # noqa: BLE001 - handed back to the caller
+                fut.set_exception(e)
+
+    def _submit(self, g: GenerateRequest, stream: RequestStream) -> None:
+        engine = self.engine
+        refusal = None
+        if self._draining:
+            refusal = "the server is shutting down and takes no new requests"
+        elif self.max_waiting is not None and (
+                waiting := engine.counters().num_waiting) >= self.max_waiting:
+            refusal = (f"the server is overloaded: {waiting} requests are waiting "
+                       f"(max_waiting={self.max_waiting}); retry later")
+        if refusal is not None:
+            self._num_done += 1
+            stream.put(StreamEvent(error=refusal, status=503))
+            return
+        if self._paced is not None:
+            self._paced.catch_up()
+        req = engine.add_request(g.prompt_token_ids, g.sampling_params, request_id=g.request_id)
+        if req.reject_reason is not None:
+            engine.requests.pop(req.request_id, None)
+            self._num_done += 1
+            stream.put(StreamEvent(error=req.reject_reason, status=400,
+                                   num_prompt_tokens=req.num_prompt_tokens))
+            return
+        self._active[req.request_id] = _Active(req, stream, TextStream(self.tokenizer, g.stop))
+        stream.put(StreamEvent(num_prompt_tokens=req.num_prompt_tokens))
+
+    def _dispatch(self) -> None:
+        """After a step: send each active request's new text; end those that finished."""
+        for a in list(self._active.values()):
+            req = a.request
+            n = req.num_output_tokens
+            if n == a.num_sent_tokens and not req.is_finished:
+                continue
+            new = req.output_token_ids[a.num_sent_tokens:n]
+            a.num_sent_tokens = n
+            delta = a.text.add(new, final=req.is_finished)
+            if delta.stopped:
+                self._end(a, "stop", delta.text)
+            elif req.is_finished:
+                reason = req.finish_reason if req.finish_reason in ("stop", "length") else "abort"
+                self._end(a, reason, delta.text)
+            elif delta.text:
+                a.stream.put(StreamEvent(delta.text, req.num_prompt_tokens, n))
+
+    def _end(self, a: _Active, reason: str, text: str = "") -> None:
+        req = a.request
+        if not req.is_finished:
+            self.engine.abort(req.request_id)
+        del self._active[req.request_id]
+        self.engine.requests.pop(req.request_id, None)  # NOTE: a server must not keep them all
+        self._num_done += 1
+        a.stream.put(StreamEvent(text, req.num_prompt_tokens, a.num_sent_tokens, reason))
+        if self._on_finished is not None:
+            try:
+                self._on_finished(FinishedRequest(req, reason, a.num_sent_tokens))
+            except Exception:  # noqa: BLE001 - metrics must not break serving
+                log.exception("recording a finished request failed")
+
+    def _fail_all(self, message: str) -> None:
+        for a in list(self._active.values()):
+            try:
+                if not a.request.is_finished:
+                    self.engine.abort(a.request.request_id)
+            except Exception:  # noqa: BLE001
+                log.exception("abort after a failed step failed")
+            del self._active[a.request.request_id]
+            self.engine.requests.pop(a.request.request_id, None)
+            self._num_done += 1
+            a.stream.put(StreamEvent(error=message, status=500, finish_reason="abort"))
