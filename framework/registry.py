@@ -30,6 +30,12 @@ GROUPS: dict[str, str] = {
     "executor": "schedlab.executors",
 }
 
+#: plugin kinds above the engine (the cluster layer), looked up like the engine's but not
+#: fields of EngineConfig, so engine-wide loops over GROUPS leave them out
+CLUSTER_GROUPS: dict[str, str] = {
+    "router": "schedlab.routers",
+}
+
 #: interface name -> "module:Class" of its ABC (a kind missing here gets no subclass check)
 INTERFACES: dict[str, str] = {
     "scheduler": "schedlab.scheduler:Scheduler",
@@ -38,6 +44,7 @@ INTERFACES: dict[str, str] = {
     "prefix_cache": "schedlab.prefix_cache:PrefixCache",
     "attention": "schedlab.attention:AttentionBackend",
     "executor": "schedlab.executor:Executor",
+    "router": "schedlab.cluster.router:Router",
 }
 
 #: interface name -> the positional constructor arguments the engine passes; `*_options`
@@ -49,6 +56,7 @@ POSITIONAL: dict[str, tuple[str, ...]] = {
     "prefix_cache": ("block_size",),
     "attention": ("spec", "num_blocks", "device"),
     "executor": ("config",),
+    "router": (),
 }
 
 
@@ -85,10 +93,11 @@ def _dist(ep: EntryPoint) -> str:
 
 
 def _group(kind: str) -> str:
-    try:
-        return GROUPS[kind]
-    except KeyError:
-        raise PluginError(f"unknown plugin kind {kind!r}; kinds: {', '.join(GROUPS)}") from None
+    group = GROUPS.get(kind) or CLUSTER_GROUPS.get(kind)
+    if group is None:
+        kinds = ", ".join([*GROUPS, *CLUSTER_GROUPS])
+        raise PluginError(f"unknown plugin kind {kind!r}; kinds: {kinds}")
+    return group
 
 
 def entries(kind: str) -> list[PluginEntry]:

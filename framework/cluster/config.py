@@ -1,0 +1,92 @@
+"""The cluster's configuration: how many instances, which roles, the KV link between them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from schedlab.config import ConfigError, parse_bytes
+
+#: the KV link when none is configured: 25 GB/s (a 200 Gb/s InfiniBand NIC) and 0.1 ms per
+#: transfer, the cross-node setting of Splitwise
+DEFAULT_LINK_BANDWIDTH = "25GB"
+DEFAULT_LINK_LATENCY = 1e-4
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """N engine instances on one virtual clock, behind a router.
+
+    Args:
+        num_instances: co-located instances (each prefills and decodes). With disaggregation
+            it must be None or prefill_instances + decode_instances.
+        prefill_instances: instances that only prefill (0: no disaggregation).
+        decode_instances: instances that only decode (0: no disaggregation).
+        router: the router plugin (a registered name, a `"module:Class"` path or a class).
+        router_options: keyword arguments for the router's constructor.
+        link_bandwidth: KV transfer bandwidth between a prefill and a decode instance, in
+            bytes per second (`"25GB"` = 25e9 B/s).
+        link_latency: seconds added to every KV transfer.
+
+    Raises:
+        ConfigError: a value is out of range or the instance counts disagree.
+    """
+
+    num_instances: int | None = 1
+    prefill_instances: int = 0
+    decode_instances: int = 0
+    router: Any = "round_robin"
+    router_options: dict[str, Any] = field(default_factory=dict)
+    link_bandwidth: int | float | str = DEFAULT_LINK_BANDWIDTH
+    link_latency: float = DEFAULT_LINK_LATENCY
+
+    def __post_init__(self) -> None:
+        def count(key: str, minimum: int) -> int:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+                raise ConfigError(f"cluster.{key}={v!r} must be an integer >= {minimum}")
+            return v
+
+        p, d = count("prefill_instances", 0), count("decode_instances", 0)
+        if (p == 0) != (d == 0):
+            raise ConfigError(
+                f"cluster.prefill_instances={p} and cluster.decode_instances={d}: "
+                "disaggregation needs at least one of each (or 0 and 0 for co-located instances)")
+        if self.num_instances is not None:
+            n = count("num_instances", 1)
+            if p and n != p + d:
+                raise ConfigError(
+                    f"cluster.num_instances={n} but prefill_instances + decode_instances = "
+                    f"{p + d}; set cluster.num_instances=null (or {p + d}), or use "
+                    "cluster=disaggregated")
+        elif not p:
+            raise ConfigError("cluster.num_instances=null needs prefill_instances and "
+                              "decode_instances; give cluster.num_instances=N")
+        parse_bytes(self.link_bandwidth, "cluster.link_bandwidth")
+        lat = self.link_latency
+        if isinstance(lat, bool) or not isinstance(lat, int | float) or not (
+                math.isfinite(lat) and lat >= 0):
+            raise ConfigError(f"cluster.link_latency={lat!r} must be a number of seconds >= 0")
+        if not isinstance(self.router_options, dict):
+            raise ConfigError(f"cluster.router_options={self.router_options!r} must be a mapping")
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether prefill and decode run on separate instances."""
+        return self.prefill_instances > 0
+
+    @property
+    def total_instances(self) -> int:
+        """Every instance, both roles."""
+        if self.disaggregated:
+            return self.prefill_instances + self.decode_instances
+        return self.num_instances or 1
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return float(parse_bytes(self.link_bandwidth, "cluster.link_bandwidth"))
+
+    def transfer_time(self, num_bytes: int) -> float:
+        """Seconds to move `num_bytes` of KV over the link: bytes / bandwidth + latency."""
+        return num_bytes / self.bandwidth_bytes_per_s + float(self.link_latency)

@@ -1,0 +1,214 @@
+"""One engine of a cluster: its role, the requests routed to it, its load as routers see it."""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+
+from schedlab.cluster.clock import InstanceClock
+from schedlab.cluster.router import InstanceLoad
+from schedlab.cluster.transfer import (
+    KVTransfer,
+    admit_transferred,
+    can_admit,
+    reject_transferred,
+    take_prefilled,
+)
+from schedlab.engine import Engine
+from schedlab.request import Request, SamplingParams
+
+
+class Role(enum.Enum):
+    MIXED = "mixed"  # co-located: prefills and decodes
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(slots=True)
+class InstanceSummary:
+    """One instance's share of a cluster run (results.json's `cluster.instances`)."""
+
+    index: int
+    role: str
+    num_routed: int
+    num_steps: int
+    busy_time_s: float
+    num_preemptions: int
+    num_swaps: int
+    num_prefix_hit_tokens: int
+    num_prefix_query_tokens: int
+    num_kv_blocks: int
+    peak_kv_used_blocks: int
+    num_transfers_out: int = 0
+    num_transfers_in: int = 0
+    transfer_bytes_out: int = 0
+    mean_transfer_time_ms: float = 0.0
+
+
+class Instance:
+    """An engine with a role, a clock the cluster steps, and the requests routed to it.
+
+    Args:
+        index: the instance's position in the cluster.
+        engine: its engine (its own clock: the simulator's virtual one, or an
+            `InstanceClock` for real executors).
+        role: co-located, prefill-only or decode-only.
+    """
+
+    def __init__(self, index: int, engine: Engine, role: Role = Role.MIXED) -> None:
+        self.index = index
+        self.engine = engine
+        self.role = role
+        #: requests routed here and not yet done here, by id
+        self.in_flight: dict[str, Request] = {}
+        #: decode side: transfers whose KV arrived, waiting for a seat and blocks
+        self.pending: deque[KVTransfer] = deque()
+        self.num_routed = 0
+        self.num_transfers_in = 0
+        self.num_transfers_out = 0
+        self.transfer_bytes_out = 0
+        self._transfer_time_sum = 0.0
+
+    # ---- queries (no state change) -------------------------------------------------------
+    def now(self) -> float:
+        return self.engine.clock.now()
+
+    def is_busy(self) -> bool:
+        """Whether the engine has a request to step (pending transfers do not count)."""
+        return self.engine.has_unfinished()
+
+    def has_work(self) -> bool:
+        return self.is_busy() or bool(self.pending)
+
+    def load(self, cached_prefix_tokens: int = 0) -> InstanceLoad:
+        outstanding = sum(self._remaining(r) for r in self.in_flight.values())
+        outstanding += sum(self._remaining(t.request) for t in self.pending)
+        s, u = self.engine.scheduler, self.engine.kv.usage()
+        return InstanceLoad(
+            index=self.index,
+            num_running=len(s.running),
+            num_waiting=len(s.waiting) + len(self.pending),
+            outstanding_tokens=outstanding,
+            kv_free_blocks=u.free_blocks,
+            num_kv_blocks=u.num_blocks,
+            cached_prefix_tokens=cached_prefix_tokens,
+        )
+
+    def cached_prefix_tokens(self, probe: Request) -> int:
+        """Tokens of `probe`'s prompt this instance's prefix cache holds (a request that is in
+        no engine). No state change."""
+        return self.engine.kv.match_prefix(probe).num_tokens
+
+    def _remaining(self, r: Request) -> int:
+        prompt_left = max(0, r.num_prompt_tokens - r.num_computed_tokens)
+        if self.role is Role.PREFILL:
+            return prompt_left + (0 if r.output_token_ids else 1)
+        return prompt_left + max(0, r.sampling_params.max_tokens - r.num_output_tokens)
+
+    # ---- changes -------------------------------------------------------------------------
+    def add(self, request_id: str, prompt: list[int], params: SamplingParams, arrival: float,
+            **fields) -> Request:
+        """Submit a routed request (jumping an idle instance's clock to its arrival).
+        Changes state."""
+        if not self.engine.has_unfinished():
+            self.engine.clock.sleep_until(arrival)
+        req = self.engine.add_request(prompt, params, request_id=request_id,
+                                      arrival_time=arrival, **fields)
+        self.in_flight[request_id] = req
+        self.num_routed += 1
+        return req
+
+    def step(self) -> None:
+        """Admit arrived KV transfers, then run one engine step. Changes state."""
+        self.admit_pending()
+        clock = self.engine.clock
+        timed = isinstance(clock, InstanceClock)
+        if timed:
+            clock.resume()
+        try:
+            self.engine.step()
+        finally:
+            if timed:
+                clock.pause()
+
+    def receive(self, transfer: KVTransfer) -> None:
+        """A transfer's KV has arrived here: queue it for a seat. Changes state."""
+        if not self.engine.has_unfinished():
+            self.engine.clock.sleep_until(transfer.ready_time)
+        self.pending.append(transfer)
+        self.in_flight[transfer.request.request_id] = transfer.request
+        self.num_transfers_in += 1
+        self.admit_pending()
+
+    def admit_pending(self) -> None:
+        """Move arrived transfers into the engine in arrival order while seats and KV allow;
+        one that cannot fit even an idle instance is rejected. Changes state."""
+        while self.pending:
+            t = self.pending[0]
+            if can_admit(self.engine, t):
+                admit_transferred(self.engine, t)
+            elif not self.engine.has_unfinished():
+                reject_transferred(self.engine, t, self.now())
+            else:
+                break
+            self.pending.popleft()
+
+    def take_done(self) -> list[Request]:
+        """Requests routed here that ended here (finished, rejected, aborted), forgotten.
+        Changes state."""
+        done = [r for r in self.in_flight.values() if r.is_finished]
+        for r in done:
+            del self.in_flight[r.request_id]
+        return done
+
+    def take_prefilled(self) -> list[tuple[Request, int, list | None]]:
+        """Prefill role: requests whose first token is out and that go on to a decode
+        instance, taken off this engine with their KV. Changes state.
+
+        Returns:
+            (request, prompt tokens whose KV moves, the KV or None) per request.
+        """
+        out = []
+        for r in list(self.in_flight.values()):
+            if r.output_token_ids and not r.is_finished:
+                num_tokens, data = take_prefilled(self.engine, r)
+                del self.in_flight[r.request_id]
+                out.append((r, num_tokens, data))
+        return out
+
+    def record_transfer_out(self, transfer: KVTransfer) -> None:
+        self.num_transfers_out += 1
+        self.transfer_bytes_out += transfer.num_bytes
+        self._transfer_time_sum += transfer.ready_time - transfer.start_time
+
+    def summary(self) -> InstanceSummary:
+        c = self.engine.counters()
+        steps = self.engine.step_stats
+        return InstanceSummary(
+            index=self.index,
+            role=self.role.value,
+            num_routed=self.num_routed,
+            num_steps=c.num_steps,
+            busy_time_s=sum(s.step_time for s in steps),
+            num_preemptions=c.num_preemptions,
+            num_swaps=c.num_swaps,
+            num_prefix_hit_tokens=c.num_prefix_hit_tokens,
+            num_prefix_query_tokens=c.num_prefix_query_tokens,
+            num_kv_blocks=c.num_kv_blocks,
+            peak_kv_used_blocks=max((s.kv_used_blocks for s in steps), default=0),
+            num_transfers_out=self.num_transfers_out,
+            num_transfers_in=self.num_transfers_in,
+            transfer_bytes_out=self.transfer_bytes_out,
+            mean_transfer_time_ms=(1000.0 * self._transfer_time_sum / self.num_transfers_out
+                                   if self.num_transfers_out else 0.0),
+        )
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if the engine's state or this instance's books disagree."""
+        self.engine.check_integrity()
+        for rid, r in self.in_flight.items():
+            assert r.request_id == rid, f"instance {self.index} files {r.request_id} as {rid}"
+        pending = {id(t.request) for t in self.pending}
+        for r in self.engine.scheduler.running:
+            assert id(r) not in pending, f"{r.request_id} both running and pending a seat"

@@ -1,0 +1,1 @@
+"""Built-in routers (the `schedlab.routers` entry-point group)."""
