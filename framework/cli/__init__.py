@@ -65,8 +65,9 @@ def run_command(overrides: Sequence[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' weight-loading bar
-    from schedlab.cli.checks import check_group_choices
+    from schedlab.cli.checks import check_group_choices, rewrite_dotted
 
+    overrides = rewrite_dotted(overrides)
     message = check_group_choices(overrides)
     if message is not None:
         print(f"schedlab: error: {message}", file=sys.stderr)

@@ -136,11 +136,31 @@ def _track(s: RunSettings, engine, summary: dict[str, Any], failed: bool = False
     """
     from schedlab.runs.tracking import open_tracker
 
+    write_steps_csv(s.output_dir / STEPS_FILE, engine.step_stats)
     tracker = open_tracker(s.tracking, s.output_dir, s.config)
     for stats in engine.step_stats:
         tracker.log_step(stats)
     tracker.finish(summary, failed=failed)
     return tracker
+
+
+#: the per-step series in the run directory, whatever the logger (columns: `StepStats` fields)
+STEPS_FILE = "steps.csv"
+
+
+def write_steps_csv(path: Path, step_stats: list) -> Path:
+    """One row per engine step, one column per `StepStats` field. Returns the path."""
+    import csv
+    import dataclasses
+
+    from schedlab.stats import StepStats
+
+    names = [f.name for f in dataclasses.fields(StepStats)]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(names)
+        w.writerows([getattr(st, n) for n in names] for st in step_stats)
+    return path
 
 
 def seed_everything(seed: int) -> None:

@@ -7,6 +7,7 @@ says the same in one line and adds what the registry knows: the installed plugin
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
@@ -28,6 +29,19 @@ def group_options(group: str) -> list[str]:
 def installed(kind: str) -> list[str]:
     """Plugin names declared for an interface (entry-point metadata only, nothing imported)."""
     return sorted({ep.name for ep in entry_points(group=registry.GROUPS[kind])})
+
+
+_DOTTED = re.compile(r"(?P<kind>\w+)=(?P<path>[\w.]+:[\w.]+)")
+
+
+def rewrite_dotted(overrides: Sequence[str]) -> list[str]:
+    """`scheduler=my_module:MyScheduler` -> `scheduler.name=my_module:MyScheduler`: a class on
+    a dotted path has no YAML in the group, so it keeps the group's default options."""
+    out = []
+    for o in overrides:
+        m = _DOTTED.fullmatch(o)
+        out.append(f"{m['kind']}.name={m['path']}" if m and m["kind"] in registry.GROUPS else o)
+    return out
 
 
 def check_group_choices(overrides: Sequence[str]) -> str | None:
@@ -59,7 +73,8 @@ def check_group_choices(overrides: Sequence[str]) -> str | None:
                 continue
             plugins = installed(kind)
             msg = (f"{kind}={value!r} is not a {kind} config; configs: {', '.join(options)}; "
-                   f"installed {kind} plugins: {', '.join(plugins) or 'none'}")
+                   f"installed {kind} plugins: {', '.join(plugins) or 'none'}; or a class as "
+                   f"{kind}=module:Class")
             if value in plugins:
                 msg += (f". The plugin {value!r} is installed but ships no YAML for the "
                         f"{kind} group: run it as {kind}.name={value}")

@@ -18,6 +18,8 @@ from schedlab.runs.tracking import TrackingConfig
 
 #: the config groups that name a plugin: group -> registry kind (the same names)
 PLUGIN_GROUPS = tuple(registry.GROUPS)
+#: the keys of a plugin group's node (`scheduler.name`, `scheduler.options`)
+PLUGIN_GROUP_KEYS = ("name", "options")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +120,22 @@ def build_settings(cfg: DictConfig, group: str | None = None,
     c = resolve_config(cfg)
     for kind in PLUGIN_GROUPS:
         node = _mapping(c, kind)
+        unknown = sorted(set(node) - set(PLUGIN_GROUP_KEYS))
+        if unknown:
+            raise ConfigError(f"{kind}.{unknown[0]} is not a key of the {kind} group; accepted: "
+                              f"{', '.join(PLUGIN_GROUP_KEYS)} (constructor options go under "
+                              f"{kind}.options)")
+        if not isinstance(node.get("options") or {}, Mapping):
+            raise ConfigError(f"{kind}.options={node.get('options')!r} must be a mapping of "
+                              "constructor keyword arguments")
         name = node.get("name")
+        if registry.is_dotted(name):
+            continue  # a class on a dotted path: imported and checked when the engine is built
         if name not in registry.available(kind):
             installed = ", ".join(registry.available(kind)) or "none installed"
             raise registry.PluginError(f"{kind}.name={name!r} is not an installed {kind} plugin; "
-                                       f"installed: {installed}")
+                                       f"installed: {installed}; or name a class as "
+                                       f"{kind}=module:Class")
     model = _model_source(c)
     engine_keys = dict(_mapping(c, "engine"))
     plugin_keys: dict[str, Any] = {}

@@ -96,7 +96,7 @@ def check_plugin(kind: str, spec: str | type, options: dict[str, Any] | None = N
         add("options", False, _why(e))
         return out
     add("options", True, "accepts any options" if open_ else
-        f"options: {', '.join(names)}" if names else "takes no options")
+        f"accepts {', '.join(names)}" if names else "takes no options")
     contract = CONTRACTS.get(kind)
     if contract is not None:
         try:
