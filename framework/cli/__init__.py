@@ -20,6 +20,8 @@ commands:
   compare <dir> --by <param>   paired differences over seeds, with bootstrap intervals
   calibrate [args]    fit the simulated executor's cost model to measured steps
   validate [args]     compare the simulated executor with the real one
+  serve [overrides]   an OpenAI-compatible HTTP server over the configured engine (--port ...)
+  bench serve --base-url URL [overrides]   replay a workload against an OpenAI-compatible server
   plugins [--check]   list the installed plugins per interface; --check [KIND=NAME ...] runs
                       the plugin checks (contracts, checked engine runs) on them
 
@@ -53,10 +55,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
         return run_command(rest)
     if cmd == "plugins":
         return plugins_command(rest)
+    if cmd in ("serve", "bench"):
+        from schedlab.cli import serve
+
+        return serve.serve_main(rest) if cmd == "serve" else serve.bench_main(rest)
     if cmd in DELEGATES:
         return _delegate(cmd, rest)
     print(f"schedlab: unknown command {cmd!r}; commands: run, {', '.join(DELEGATES)}, "
-          f"plugins\n\n{USAGE}", file=sys.stderr, end="")
+          f"plugins, serve, bench\n\n{USAGE}", file=sys.stderr, end="")
     return 2
 
 

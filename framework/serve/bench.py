@@ -1,0 +1,225 @@
+"""`schedlab bench serve`: replay a workload against any OpenAI-compatible server over HTTP.
+
+Each request is sent at its arrival time (or when a seat frees, with `max_concurrency`) to
+`/v1/completions` with its prompt as token ids (exact lengths), `max_tokens`, `ignore_eos` and
+`stream: true`. As `vllm bench serve` does, every streamed chunk that carries a choice is one
+token arrival: TTFT is send -> first chunk, ITL the gaps between chunks, and the output length
+is the server's `usage.completion_tokens` (the chunk count when it sends no usage). The timings
+become `Request`s on the client's clock, so `compute_metrics` gives the same results.json keys
+as `schedlab run`; what only the engine can see (queueing, KV, steps) is left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from schedlab.request import Request, RequestStatus, SamplingParams
+from schedlab.runs.distributions import WorkloadRequest
+from schedlab.runs.driver import RunResult
+
+#: metric keys of `compute_metrics` that a client cannot observe (engine-side or queueing)
+ENGINE_ONLY_KEYS = ("num_steps", "num_preemptions", "num_swaps", "prefix_cache_hit_rate",
+                    "num_kv_blocks", "peak_kv_used_blocks", "peak_kv_usage_pct",
+                    "mean_kv_usage_pct", "mean_kv_reserved_tokens", "mean_kv_used_tokens",
+                    "kv_waste_pct", "mean_batch_size", "mean_num_running", "mean_num_waiting",
+                    "mean_tokens_per_step", "mean_step_time_ms", "mean_framework_time_ms")
+
+
+class BenchError(RuntimeError):
+    """The server cannot be benchmarked (unreachable, no model); the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """How to drive the server.
+
+    Args:
+        base_url: e.g. `http://127.0.0.1:8000` (the `/v1/...` paths are appended).
+        model: the `model` to send; None: the first of the server's `/v1/models`.
+        temperature: sampling temperature of every request (0: greedy).
+        ignore_eos: ask for exactly `max_tokens` tokens per request.
+        max_concurrency: at most this many requests in flight (None: no cap).
+        timeout_s: per-request timeout.
+        progress: a tqdm bar of requests done on stderr.
+    """
+
+    base_url: str
+    model: str | None = None
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    max_concurrency: int | None = None
+    timeout_s: float = 600.0
+    progress: bool = False
+
+
+def served_model(base_url: str, timeout_s: float = 10.0) -> str:
+    """The first model id of `GET /v1/models`.
+
+    Raises:
+        BenchError: the server does not answer, or lists no model.
+    """
+    url = base_url.rstrip("/") + "/v1/models"
+    try:
+        r = httpx.get(url, timeout=timeout_s)
+        r.raise_for_status()
+        data = r.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError) as e:
+        raise BenchError(f"cannot list the models at {url}: {e}") from None
+    if not data:
+        raise BenchError(f"{url} lists no model; pass the model name")
+    return str(data[0]["id"])
+
+
+def run_bench(workload: list[WorkloadRequest], options: BenchOptions) -> RunResult:
+    """Send the workload and wait for every response.
+
+    Returns:
+        A `RunResult` on the client's clock (no engine steps): one finished, rejected (HTTP 4xx)
+        or aborted (any other failure, the reason in `reject_reason`) request per workload
+        request, in workload order.
+
+    Raises:
+        BenchError: the server cannot be reached or names no model.
+    """
+    model = options.model or served_model(options.base_url)
+    return asyncio.run(_run(workload, options, model))
+
+
+async def _run(workload: list[WorkloadRequest], o: BenchOptions, model: str) -> RunResult:
+    url = o.base_url.rstrip("/") + "/v1/completions"
+    sem = asyncio.Semaphore(o.max_concurrency) if o.max_concurrency else None
+    bar = _bar(len(workload), o.progress)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(o.timeout_s, connect=30.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        start = time.perf_counter()
+
+        async def one(i: int, w: WorkloadRequest) -> Request:
+            delay = start + w.arrival_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if sem is None:
+                req = await _send(client, url, model, str(i), w, o)
+            else:
+                async with sem:  # a held-back request's clock starts when it is sent
+                    req = await _send(client, url, model, str(i), w, o)
+            bar.update(1)
+            return req
+
+        try:
+            requests = await asyncio.gather(*(one(i, w) for i, w in enumerate(workload)))
+        finally:
+            bar.close()
+        end = time.perf_counter()
+    return RunResult(requests=list(requests), duration_s=end - start, step_stats=[],
+                     num_preemptions=0, prefix_hit_rate=0.0, start_time=start,
+                     max_concurrency=o.max_concurrency)
+
+
+async def _send(client: httpx.AsyncClient, url: str, model: str, rid: str, w: WorkloadRequest,
+                o: BenchOptions) -> Request:
+    body = {"model": model, "prompt": list(w.prompt_token_ids), "max_tokens": w.max_tokens,
+            "temperature": o.temperature, "ignore_eos": o.ignore_eos, "stream": True,
+            "stream_options": {"include_usage": True}}
+    sent = time.perf_counter()
+    req = Request(rid, list(w.prompt_token_ids), SamplingParams(
+        temperature=o.temperature, max_tokens=w.max_tokens, ignore_eos=o.ignore_eos),
+        arrival_time=sent, priority=w.priority, client_id=w.client_id,
+        deadline_ms=w.deadline_ms, slo_class=w.slo_class)
+    times: list[float] = []
+    num_tokens: int | None = None
+    finish: str | None = None
+    try:
+        async with client.stream("POST", url, json=body) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode("utf-8", "replace")
+                return _failed(req, f"HTTP {r.status_code}: {_message(text)}",
+                               RequestStatus.REJECTED if 400 <= r.status_code < 500
+                               else RequestStatus.FINISHED_ABORTED)
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    return _failed(req, f"error mid-stream: {_message(data)}",
+                                   RequestStatus.FINISHED_ABORTED)
+                choices = chunk.get("choices")
+                if choices:
+                    times.append(time.perf_counter())
+                    finish = choices[0].get("finish_reason") or finish
+                usage = chunk.get("usage")
+                if usage and usage.get("completion_tokens") is not None:
+                    num_tokens = int(usage["completion_tokens"])
+    except (httpx.HTTPError, json.JSONDecodeError, OSError) as e:
+        return _failed(req, f"{type(e).__name__}: {e}", RequestStatus.FINISHED_ABORTED)
+    end = time.perf_counter()
+    if not times:
+        return _failed(req, "the stream ended without a token", RequestStatus.FINISHED_ABORTED)
+    m = req.metrics
+    m.first_scheduled_time = sent  # NOTE: a client cannot see queueing; queue keys are dropped
+    m.first_token_time = times[0]
+    m.token_times = times
+    m.finished_time = end
+    req.output_token_ids = [0] * (num_tokens if num_tokens is not None else len(times))
+    req.status = (RequestStatus.FINISHED_STOPPED if finish == "stop"
+                  else RequestStatus.FINISHED_LENGTH)
+    req.finish_reason = req.status.value
+    return req
+
+
+def _failed(req: Request, reason: str, status: RequestStatus) -> Request:
+    req.status = status
+    req.finish_reason = status.value
+    req.reject_reason = reason
+    req.metrics.finished_time = time.perf_counter()
+    return req
+
+
+def _message(text: str) -> str:
+    try:
+        err = json.loads(text)
+        return str(err.get("error", err).get("message", text))
+    except (ValueError, AttributeError):
+        return text[:300]
+
+
+def client_metrics(run: RunResult, metrics: dict) -> dict:
+    """`compute_metrics` output as a client sees it: engine-only and queueing keys dropped,
+    `max_concurrent_requests` counted from the requests' send..finish intervals."""
+    out = {k: v for k, v in metrics.items()
+           if k not in ENGINE_ONLY_KEYS and "_queue_ms" not in k}
+    events: list[tuple[float, int]] = []
+    for r in run.requests:
+        if r.metrics.finished_time is not None:
+            events += [(r.arrival_time, 1), (r.metrics.finished_time, -1)]
+    peak = cur = 0
+    for _, d in sorted(events):
+        cur += d
+        peak = max(peak, cur)
+    out["max_concurrent_requests"] = peak
+    return out
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(total: int, enabled: bool) -> _NoBar | Callable:
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="requests", unit="req")
