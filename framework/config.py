@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -63,6 +63,8 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0
+    enforce_eager: bool = False
+    cuda_graph_sizes: list[int] = field(default_factory=list)
     scheduler_options: dict[str, Any] = field(default_factory=dict)
     queue_options: dict[str, Any] = field(default_factory=dict)
     kv_allocator_options: dict[str, Any] = field(default_factory=dict)
@@ -104,6 +106,14 @@ class EngineConfig:
         positive("max_num_batched_tokens", allow_none=True)
         positive("max_model_len", allow_none=True)
         positive("num_kv_blocks", allow_none=True)
+        if not isinstance(self.enforce_eager, bool):
+            raise ConfigError(f"enforce_eager={self.enforce_eager!r} must be true or false")
+        sizes = self.cuda_graph_sizes
+        if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
+            raise ConfigError(f"cuda_graph_sizes={sizes!r} must be a list of positive integers "
+                              "(batch sizes captured as CUDA graphs; [] or [N]: 1, 2, 4, 8, "
+                              "16, ... up to N or max_num_seqs)")
         if self.kv_cache_memory is not None:
             parse_bytes(self.kv_cache_memory)
         parse_bytes(self.swap_space, "swap_space")
