@@ -59,6 +59,8 @@ def execute(s: RunSettings) -> dict[str, Any]:
 
     seed_everything(s.seed)
     s.model.prepare()
+    if s.cluster is not None:
+        return _execute_cluster(s)
     try:
         engine = Engine(s.engine)
     except (ValueError, OSError, RuntimeError) as e:
@@ -91,6 +93,41 @@ def execute(s: RunSettings) -> dict[str, Any]:
         _track(s, engine, summary or metrics, failed=True)
         raise
     tracker = _track(s, engine, summary)
+    if s.print_table:
+        print(format_table(metrics))
+    print(f"results: {path}")
+    if tracker.location:
+        print(f"W&B run: {tracker.location}")
+    return metrics
+
+
+def _execute_cluster(s: RunSettings) -> dict[str, Any]:
+    """`execute` for N instances or prefill/decode disaggregation: one results.json for the
+    whole cluster (vLLM's keys over every request) with each instance's counters under
+    `cluster`; steps.csv and W&B get every instance's steps in time order."""
+    from schedlab.cluster import Cluster
+    from schedlab.runs.metrics import compute_metrics
+    from schedlab.runs.results import collect_environment, format_table, write_results
+    from schedlab.runs.workload import build_workload
+
+    try:
+        cluster = Cluster(s.cluster, s.engine)
+    except (ValueError, OSError, RuntimeError) as e:
+        if isinstance(e, user_errors()):
+            raise
+        raise ConfigError(f"the cluster could not be built from this config: {e}") from None
+    vocab = cluster.instances[0].engine.model_spec.vocab_size
+    workload = build_workload(s.workload, vocab, seed=s.seed)
+    s.output_dir.mkdir(parents=True, exist_ok=True)
+    result = cluster.run(workload, temperature=s.temperature, ignore_eos=s.ignore_eos)
+    metrics = compute_metrics(result.run, percentiles=s.percentiles, slo=s.slo)
+    metrics["cluster"] = result.summary()
+    path = write_results(s.output_dir, metrics, s.config, collect_environment())
+    if s.plots:
+        from schedlab.runs.plots import write_plots
+
+        write_plots(s.output_dir, result.run, metrics)
+    tracker = _track(s, result.run, json.loads(path.read_text()))
     if s.print_table:
         print(format_table(metrics))
     print(f"results: {path}")

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from schedlab import registry
+from schedlab.cluster.config import ClusterConfig, cluster_from_config
 from schedlab.config import ConfigError, EngineConfig
 from schedlab.runs.tracking import TrackingConfig
 
@@ -86,6 +87,8 @@ class RunSettings:
     slo: dict[str, float] | None = None
     plots: bool = True
     print_table: bool = True
+    #: N instances behind a router, or prefill/decode disaggregation (None: one engine)
+    cluster: ClusterConfig | None = None
     #: the resolved config (what results.json and W&B record)
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -164,6 +167,10 @@ def build_settings(cfg: DictConfig, group: str | None = None,
     max_conc = driver.get("max_concurrency")
     if max_conc is not None and (not _is_int(max_conc) or max_conc < 1):
         raise ConfigError(f"driver.max_concurrency={max_conc!r} must be an integer >= 1 or null")
+    cluster = cluster_from_config(c.get("cluster"), c.get("router"))
+    if cluster is not None and max_conc is not None:
+        raise ConfigError("driver.max_concurrency is not supported with a cluster (set it to "
+                          "null, or run one instance)")
     temperature = sampling.get("temperature", 0.0)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
         raise ConfigError(f"sampling.temperature={temperature!r} must be a number >= 0")
@@ -192,6 +199,7 @@ def build_settings(cfg: DictConfig, group: str | None = None,
         slo=_slo(metrics.get("slo")),
         plots=bool(c.get("plots", True)),
         print_table=bool(c.get("print_table", True)),
+        cluster=cluster,
         config=c,
     )
 

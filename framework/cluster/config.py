@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,3 +91,45 @@ class ClusterConfig:
     def transfer_time(self, num_bytes: int) -> float:
         """Seconds to move `num_bytes` of KV over the link: bytes / bandwidth + latency."""
         return num_bytes / self.bandwidth_bytes_per_s + float(self.link_latency)
+
+
+#: the keys of the `cluster` config group (besides `name`)
+CLUSTER_KEYS = ("num_instances", "prefill_instances", "decode_instances", "link_bandwidth",
+                "link_latency")
+
+
+def cluster_from_config(cluster: Mapping[str, Any] | None,
+                        router: Mapping[str, Any] | None) -> ClusterConfig | None:
+    """The `cluster` and `router` groups of a resolved config (plain mappings) as a
+    `ClusterConfig`, or None for a single co-located instance (a plain engine run).
+
+    Raises:
+        ConfigError: an unknown key or a bad value (named as on the command line).
+        PluginError: the router is not installed (the message lists the installed ones).
+    """
+    from schedlab import registry
+
+    cluster = dict(cluster or {})
+    router = dict(router or {"name": "round_robin"})
+    unknown = sorted(set(cluster) - {"name", *CLUSTER_KEYS})
+    if unknown:
+        raise ConfigError(f"cluster.{unknown[0]} is not a cluster key; accepted: "
+                          f"{', '.join(CLUSTER_KEYS)}")
+    unknown = sorted(set(router) - {"name", "options"})
+    if unknown:
+        raise ConfigError(f"router.{unknown[0]} is not a key of the router group; accepted: "
+                          "name, options")
+    name = router.get("name")
+    if not registry.is_dotted(name) and name not in registry.available("router"):
+        installed = ", ".join(registry.available("router")) or "none installed"
+        raise registry.PluginError(f"router.name={name!r} is not an installed router plugin; "
+                                   f"installed: {installed}")
+    options = router.get("options") or {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"router.options={options!r} must be a mapping")
+    cfg = ClusterConfig(router=name, router_options=dict(options),
+                        **{k: cluster[k] for k in CLUSTER_KEYS if k in cluster})
+    if not cfg.disaggregated and cfg.total_instances == 1:
+        return None
+    registry.load("router", name)  # a broken router fails now, not after the engines load
+    return cfg
