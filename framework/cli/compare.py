@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
                         "or comma separated (default: the report's columns)")
     parser.add_argument("--confidence", type=float, default=0.95, help="default 0.95")
     parser.add_argument("--resamples", type=int, default=10_000, help="default 10000")
-    parser.add_argument("--method", choices=METHODS, default="bca", help="default bca")
+    parser.add_argument("--method", choices=METHODS, default="percentile",
+                        help="default percentile")
     parser.add_argument("--statistic", choices=("mean", "median"), default="mean",
                         help="of the paired differences (default mean)")
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-METHODS = ("bca", "percentile")
+METHODS = ("percentile", "bca")
 STATISTICS = ("mean", "median")
 
 
@@ -37,7 +37,7 @@ def min_pairs(confidence: float) -> int:
 
 
 def bootstrap_ci(values: Sequence[float], statistic: str = "mean", confidence: float = 0.95,
-                 resamples: int = 10_000, method: str = "bca", seed: int = 0) -> Interval:
+                 resamples: int = 10_000, method: str = "percentile", seed: int = 0) -> Interval:
     """A bootstrap confidence interval of the mean or median of `values`.
 
     Args:
@@ -48,6 +48,9 @@ def bootstrap_ci(values: Sequence[float], statistic: str = "mean", confidence: f
         method: "percentile", or "bca" (bias-corrected and accelerated, Efron 1987: shifts the
             percentiles for a skewed or biased statistic; acceleration from the jackknife).
         seed: the generator's seed; the same arguments always give the same interval.
+
+    NOTE: at small n the interval is too narrow: simulated 95% intervals of a mean covered the
+    truth ~85% of the time from 6 values, ~90% from 10, ~92% from 20 (both methods alike).
 
     Raises:
         ValueError: fewer than 2 values, or an unknown statistic or method.

@@ -13,8 +13,8 @@ requests), so a paired interval is much narrower than comparing two sets of seed
 
 The bootstrap resamples the pairs with a seeded generator, so the same runs give the same
 intervals. A percentile bootstrap cannot reach a confidence level from very few pairs: with n
-pairs the most extreme resample (every draw the same pair) has probability n^-(n-1), and with
-3 pairs a "95%" interval is just [min, max] of the differences, which excludes 0 for a quarter
+pairs the most extreme resample (every draw the smallest difference) has probability n^-n, and
+with 3 pairs a "95%" interval is just [min, max] of the differences, which excludes 0 for a quarter
 of pure-noise comparisons. So below `min_pairs(confidence)` pairs (6 at 95%: the smallest n at
 which even an exact sign test can reach the level) the verdict is "too few seeds", whatever
 the interval says.
@@ -102,7 +102,7 @@ class CompareReport:
 
 # ---- one metric ---------------------------------------------------------------------
 def diff_metric(metric: str, base: Sequence[float | None], cand: Sequence[float | None],
-                confidence: float = 0.95, resamples: int = 10_000, method: str = "bca",
+                confidence: float = 0.95, resamples: int = 10_000, method: str = "percentile",
                 statistic: str = "mean", seed: int = 0,
                 needed: int | None = None) -> MetricDiff:
     """Compare paired values of one metric (base[i] and cand[i] share a seed).
@@ -155,7 +155,7 @@ def load_runs(root: Path) -> list[RunRecord]:
 
 def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
                  metrics: Sequence[str] | None = None, confidence: float = 0.95,
-                 resamples: int = 10_000, method: str = "bca", statistic: str = "mean",
+                 resamples: int = 10_000, method: str = "percentile", statistic: str = "mean",
                  seed: int = 0, needed: int | None = None) -> CompareReport:
     """Compare every value of the swept parameter `by` with `baseline`, paired by seed.
 
