@@ -404,3 +404,30 @@ def test_pytest_pyargs_runs_the_checks_against_a_named_plugin(tmp_path):
         cwd=EXAMPLES, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "2 passed" in p.stdout, p.stdout
+
+
+# ---- 5 and 7 from the command line ------------------------------------------------------------
+def test_cli_runs_dotted_path_plugins_and_writes_steps_csv(tmp_path, monkeypatch, capsys):
+    import csv
+    import json
+
+    from schedlab.cli import main
+
+    monkeypatch.chdir(EXAMPLES)  # a user's modules next to where they run schedlab
+    monkeypatch.setenv("SCHEDLAB_CACHE", str(tmp_path / "cache"))
+    run_dir = tmp_path / "run"
+    rc = main(["run", f"scheduler={DECODE_FIRST}", "scheduler.options.max_new_prefills=1",
+               f"queue={LPF}", f"prefix_cache={LFU}", "workload.num_requests=4",
+               "workload.input_len.max=16", "workload.output_len.min=2",
+               "workload.output_len.max=4", "driver.progress=false", "print_table=false",
+               "plots=false", "logger=none", f"hydra.run.dir={run_dir}"])
+    assert rc == 0, capsys.readouterr().err
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["completed"] == 4
+    assert results["config"]["scheduler"] == {"name": DECODE_FIRST,
+                                              "options": {"max_new_prefills": 1}}
+    with open(run_dir / "steps.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and [int(r["step"]) for r in rows] == list(range(1, len(rows) + 1))
+    assert sum(int(r["num_scheduled_tokens"]) for r in rows) > 0
+    assert max(int(r["num_scheduled_seqs"]) for r in rows[:1]) == 1  # one new prefill a step

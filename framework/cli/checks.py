@@ -36,11 +36,21 @@ _DOTTED = re.compile(r"(?P<kind>\w+)=(?P<path>[\w.]+:[\w.]+)")
 
 def rewrite_dotted(overrides: Sequence[str]) -> list[str]:
     """`scheduler=my_module:MyScheduler` -> `scheduler.name=my_module:MyScheduler`: a class on
-    a dotted path has no YAML in the group, so it keeps the group's default options."""
+    a dotted path has no YAML in the group, so it keeps the group's default `options: {}`, and
+    its options are added: `scheduler.options.k=v` -> `++scheduler.options.k=v`."""
+    dotted = set()
+    for o in overrides:
+        m = _DOTTED.fullmatch(o)
+        if m and m["kind"] in registry.GROUPS:
+            dotted.add(m["kind"])
     out = []
     for o in overrides:
         m = _DOTTED.fullmatch(o)
-        out.append(f"{m['kind']}.name={m['path']}" if m and m["kind"] in registry.GROUPS else o)
+        if m and m["kind"] in dotted:
+            o = f"{m['kind']}.name={m['path']}"
+        elif o.split(".", 1)[0] in dotted and o.split(".", 2)[1:2] == ["options"]:
+            o = f"++{o}"
+        out.append(o)
     return out
 
 
