@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from summaries import SPECS, Metric, Spec  # noqa: E402
-from summaries.common import INTERVAL, median_ci  # noqa: E402
+from summaries.common import INTERVAL, MINMAX_SEEDS, median_ci  # noqa: E402
 
 from schedlab.runs.report import ReportError, RunRecord, find_runs, swept_parameters  # noqa: E402
 
@@ -120,8 +120,10 @@ def render(spec: Spec, mode: str, keys: list[str], rows: list[Row], runs: Sequen
                          *(v for m in spec.metrics for v in (
                              row.stats[m.key].median, row.stats[m.key].min, row.stats[m.key].max,
                              row.stats[m.key].lo, row.stats[m.key].hi))])
+    few = (f"; with {MINMAX_SEEDS} seeds or fewer it is the min-max range"
+           if max(len(r.runs) for r in rows) <= MINMAX_SEEDS else "")
     doc = [f"# {spec.title} ({mode})", "", spec.claim, "", f"Setup: {setup_line(runs)}.", "",
-           f"Each cell: median over seeds [{INTERVAL}]; the CSV also has min and max.", "",
+           f"Each cell: median over seeds [{INTERVAL}{few}]; the CSV also has min and max.", "",
            *lines, ""]
     notes = spec.notes(rows, runs)
     if notes:

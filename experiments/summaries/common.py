@@ -27,7 +27,9 @@ RATE = "workload.arrival.rate"
 #: the published intervals: level, bootstrap resamples and the generator's seed
 CONFIDENCE, RESAMPLES, BOOT_SEED = 0.95, 10_000, 0
 INTERVAL = (f"{100 * CONFIDENCE:g}% percentile bootstrap interval of the median, "
-            f"{RESAMPLES} resamples; with up to 5 seeds it is the min-max range")
+            f"{RESAMPLES} resamples")
+#: with this many seeds or fewer, INTERVAL is exactly the min-max range
+MINMAX_SEEDS = 5
 
 
 def median_ci(xs: Sequence[float]) -> tuple[float, float]:
