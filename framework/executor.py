@@ -11,13 +11,33 @@ from schedlab.model import ModelSpec
 from schedlab.scheduler import SchedulerOutput
 
 
+@dataclass(frozen=True, slots=True)
+class ExecutorTimings:
+    """Host wall time of one step's parts in a real executor (seconds).
+
+    Args:
+        prepare: swaps and batch building (inputs, positions, attention metadata).
+        forward: launching the forward pass (on a GPU the call returns before the kernels
+            finish; on a CPU it is the whole forward).
+        device_wait: waiting for the device to finish the forward (0 on a CPU).
+        sample: sampling and reading the tokens back.
+    """
+
+    prepare: float
+    forward: float
+    device_wait: float
+    sample: float
+
+
 @dataclass(slots=True)
 class ExecutorOutput:
     """What one step produced: a token (or None for a partial prefill) per scheduled request,
-    in plan order, and how long the step took on the executor's clock (seconds)."""
+    in plan order, how long the step took on the executor's clock (seconds), and, from a real
+    executor, where its host time went (`timings`; None from a simulated one)."""
 
     sampled_token_ids: list[int | None]
     step_time: float
+    timings: ExecutorTimings | None = None
 
 
 class Clock(ABC):

@@ -23,12 +23,18 @@ class TritonBackend(AttentionBackend):
     On a CPU the kernels run in Triton's interpreter (`TRITON_INTERPRET=1`, set before the
     process imports the kernels); it is slow and meant for tests.
 
+    A decode step can be captured in a CUDA graph (`supports_cuda_graphs`): the kernels read
+    each context's length from the device, and the host copies only size the launch grid
+    (upper bounds when captured), with padding slots skipped by `store_kv`.
+
     Args:
         spec: the model's KV shape.
         num_blocks: blocks in the pool.
         device: where the cache lives.
         num_splits: decode context splits; `None` (default) chooses from the GPU's size.
     """
+
+    supports_cuda_graphs = True
 
     def __init__(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from schedlab import registry
 from schedlab.attention import AttentionBackend, AttentionMetadata, KVCacheSpec
 from schedlab.config import EngineConfig
-from schedlab.executor import Executor, ExecutorOutput, WallClock
+from schedlab.executor import Executor, ExecutorOutput, ExecutorTimings, WallClock
 from schedlab.model import (
     ATTN_IMPLEMENTATION,
     ForwardContext,
@@ -19,8 +20,25 @@ from schedlab.model import (
     register_attention,
     resolve_dtype,
 )
+from schedlab.plugins.executors.cuda_graphs import DecodeGraphRunner, graph_batch_sizes
 from schedlab.sampler import sample
 from schedlab.scheduler import SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+
+def cuda_graphs_enabled(config: EngineConfig, device: torch.device,
+                        attn_cls: type[AttentionBackend]) -> bool:
+    """Whether decode steps are captured as CUDA graphs: on a CUDA device, unless
+    `enforce_eager`, and only with a backend that `supports_cuda_graphs` (else one log line
+    says its steps run eagerly)."""
+    if device.type != "cuda" or config.enforce_eager:
+        return False
+    if not attn_cls.supports_cuda_graphs:
+        log.warning("attention=%s cannot run inside a CUDA graph: its steps run eagerly "
+                    "(as with enforce_eager=true)", config.attention)
+        return False
+    return True
 
 
 class TorchExecutor(Executor):
@@ -29,13 +47,22 @@ class TorchExecutor(Executor):
     Prefill chunks and decode tokens of all scheduled requests are packed into one sequence
     (`input_ids` of shape [1, T]) with per-token positions; every layer's attention goes to
     the configured `AttentionBackend`; logits are computed only at the positions that sample.
+
+    On a CUDA device (unless `enforce_eager`) decode-only steps of at most the largest of
+    `cuda_graph_sizes` sequences are padded to a bucket and replayed from CUDA graphs captured
+    at start (`DecodeGraphRunner`); other steps run eagerly. Each step reports its host time
+    by phase (`ExecutorOutput.timings`).
     """
 
-    def __init__(self, config: EngineConfig, num_threads: int | None = None) -> None:
+    def __init__(self, config: EngineConfig, num_threads: int | None = None,
+                 emulate_cuda_graphs: bool = False) -> None:
         """Args:
             config: the engine config (model directory, dtype, device, attention backend).
             num_threads: torch's intra-op threads on the CPU (None: torch's default); one
                 thread gives steadier timings on a small shared machine.
+            emulate_cuda_graphs: run decode steps through the CUDA-graph path (padded to a
+                bucket, persistent buffers) without capturing: a CPU test of what the graphs
+                replay. Ignored when graphs are captured.
         """
         from transformers import AutoModelForCausalLM
 
@@ -56,7 +83,12 @@ class TorchExecutor(Executor):
             config.model, dtype=self.dtype, attn_implementation=ATTN_IMPLEMENTATION
         ).to(self.device)
         self.model.eval()
+        if not isinstance(emulate_cuda_graphs, bool):
+            raise ValueError(f"executor emulate_cuda_graphs={emulate_cuda_graphs!r} must be "
+                             "true or false")
+        self.emulate_cuda_graphs = emulate_cuda_graphs
         self.backend: AttentionBackend | None = None
+        self.graph_runner: DecodeGraphRunner | None = None
         #: swap preemption's host pool: host slot -> per-layer (k, v) of one block
         self.host_kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.generator = torch.Generator(device=self.device)
@@ -77,9 +109,17 @@ class TorchExecutor(Executor):
         return max(0, int(total * self.config.gpu_memory_utilization) - used - (512 << 20))
 
     def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+        cfg = self.config
         self.backend = self.attn_cls(
-            self.kv_cache_spec(block_size), num_blocks, self.device, **self.config.attention_options
+            self.kv_cache_spec(block_size), num_blocks, self.device, **cfg.attention_options
         )
+        capture = cuda_graphs_enabled(cfg, self.device, self.attn_cls)
+        if capture or self.emulate_cuda_graphs:
+            max_len = cfg.max_model_len or self.model_spec.max_position_embeddings
+            sizes = graph_batch_sizes(cfg.cuda_graph_sizes, cfg.max_num_seqs)
+            with torch.inference_mode():
+                self.graph_runner = DecodeGraphRunner(self.model, self.backend, sizes, max_len,
+                                                      self.device, capture)
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
@@ -87,14 +127,24 @@ class TorchExecutor(Executor):
         if plan.swap_out or plan.swap_in:
             self._swap(plan)
         input_ids, positions, meta, logits_idx, order = self.prepare(plan)
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=positions,
-            use_cache=False,
-            logits_to_keep=logits_idx,
-            schedlab_ctx=ForwardContext(self.backend, meta),
-        )
-        logits = out.logits[0]
+        t1 = time.perf_counter()
+        runner = self.graph_runner
+        if (runner is not None and meta.num_decodes == meta.num_seqs
+                and runner.bucket(meta.num_seqs) is not None
+                and meta.block_tables.shape[1] <= runner.block_tables.shape[1]):
+            logits = runner.run(input_ids, positions, meta)
+        else:
+            logits = self.model(
+                input_ids=input_ids,
+                position_ids=positions,
+                use_cache=False,
+                logits_to_keep=logits_idx,
+                schedlab_ctx=ForwardContext(self.backend, meta),
+            ).logits[0]
+        t2 = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t3 = time.perf_counter()
         samplers = [plan.scheduled[i] for i in order if plan.scheduled[i].samples]
         tokens = sample(logits, [s.request for s in samplers], self.generator)
         sampled: list[int | None] = [None] * len(plan.scheduled)
@@ -104,7 +154,9 @@ class TorchExecutor(Executor):
                 sampled[i] = next(it)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return ExecutorOutput(sampled, time.perf_counter() - t0)
+        t4 = time.perf_counter()
+        return ExecutorOutput(sampled, t4 - t0,
+                              ExecutorTimings(t1 - t0, t2 - t1, t3 - t2, t4 - t3))
 
     def _swap(self, plan: SchedulerOutput) -> None:
         """Swap preemption, before the forward: device blocks out to host slots, host slots
