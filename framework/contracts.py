@@ -9,7 +9,7 @@ from __future__ import annotations
 from schedlab.kv_manager import KVCacheManager
 from schedlab.registry import PluginError
 from schedlab.request import RequestStatus
-from schedlab.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from schedlab.scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
 
 
 class PluginContractError(PluginError):
@@ -44,41 +44,53 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
         raise PluginContractError(f"{where} {len(scheduled)} requests, more than "
                                   f"max_num_seqs={limits.max_num_seqs}")
     bs = kv.block_size
-    seen: set[int] = set()
+    running = RequestStatus.RUNNING
     total = 0
+    # NOTE: the hot path: one fused test per request, the message only on a violation
     for sr in scheduled:
-        req = sr.request
-        rid = req.request_id
-        if id(req) in seen:
-            raise PluginContractError(f"{where} request {rid!r} twice; a request runs at most "
-                                      "once per step")
-        seen.add(id(req))
-        n, start = sr.num_new_tokens, sr.start
-        if n < 1:
-            raise PluginContractError(f"{where} {n} tokens for request {rid!r}; a scheduled "
-                                      "request runs at least one token")
-        if start != req.num_computed_tokens:
-            raise PluginContractError(
-                f"{where} request {rid!r} starting at token {start}, but it has computed "
-                f"{req.num_computed_tokens}; a step continues where the request stopped")
-        if start + n > req.num_tokens:
-            raise PluginContractError(
-                f"{where} tokens [{start}, {start + n}) for request {rid!r}, which has only "
-                f"{req.num_tokens} tokens")
-        if req.status is not RequestStatus.RUNNING:
-            raise PluginContractError(
-                f"{where} request {rid!r} whose status is {req.status.name}; admit it first "
-                "(admit_waiting() does, or set RUNNING and append it to self.running)")
-        if len(sr.block_ids) * bs < start + n:
-            raise PluginContractError(
-                f"{where} request {rid!r} up to token {start + n} but KV blocks for only "
-                f"{len(sr.block_ids) * bs} tokens; allocate first (self.kv.allocate, or "
-                "schedule_running / admit_waiting)")
+        req, n, start = sr.request, sr.num_new_tokens, sr.start
+        end = start + n
+        if (n < 1 or start != req.num_computed_tokens or req.status is not running
+                or end > len(req.prompt_token_ids) + len(req.output_token_ids)
+                or len(sr.block_ids) * bs < end):
+            _explain(sr, where, bs)
         total += n
+    if len({id(sr.request) for sr in scheduled}) != len(scheduled):
+        seen: set[int] = set()
+        for sr in scheduled:
+            if id(sr.request) in seen:
+                raise PluginContractError(f"{where} request {sr.request.request_id!r} twice; a "
+                                          "request runs at most once per step")
+            seen.add(id(sr.request))
     if total > limits.max_num_batched_tokens:
         raise PluginContractError(f"{where} {total} tokens, more than max_num_batched_tokens="
                                   f"{limits.max_num_batched_tokens}")
     return total
+
+
+def _explain(sr: ScheduledRequest, where: str, bs: int) -> None:
+    """Raise the error for a scheduled request that breaks a rule (see `check_plan`)."""
+    req, n, start = sr.request, sr.num_new_tokens, sr.start
+    rid = req.request_id
+    if n < 1:
+        raise PluginContractError(f"{where} {n} tokens for request {rid!r}; a scheduled "
+                                  "request runs at least one token")
+    if start != req.num_computed_tokens:
+        raise PluginContractError(
+            f"{where} request {rid!r} starting at token {start}, but it has computed "
+            f"{req.num_computed_tokens}; a step continues where the request stopped")
+    if start + n > req.num_tokens:
+        raise PluginContractError(
+            f"{where} tokens [{start}, {start + n}) for request {rid!r}, which has only "
+            f"{req.num_tokens} tokens")
+    if req.status is not RequestStatus.RUNNING:
+        raise PluginContractError(
+            f"{where} request {rid!r} whose status is {req.status.name}; admit it first "
+            "(admit_waiting() does, or set RUNNING and append it to self.running)")
+    raise PluginContractError(
+        f"{where} request {rid!r} up to token {start + n} but KV blocks for only "
+        f"{len(sr.block_ids) * bs} tokens; allocate first (self.kv.allocate, or "
+        "schedule_running / admit_waiting)")
 
 
 def check_kv_ownership(scheduler: Scheduler, plan: SchedulerOutput | None, name: str) -> None:
