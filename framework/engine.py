@@ -9,7 +9,7 @@ import time
 from schedlab import registry
 from schedlab.config import ConfigError, EngineConfig, parse_bytes
 from schedlab.contracts import check_kv_ownership, check_plan
-from schedlab.executor import Clock, Executor
+from schedlab.executor import Clock, Executor, ExecutorOutput
 from schedlab.kv_manager import KVCacheManager
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -255,13 +255,13 @@ class Engine:
         for sr in plan.scheduled:
             if sr.request.metrics.first_scheduled_time is None:
                 sr.request.metrics.first_scheduled_time = now
-        fw = time.perf_counter() - t0
+        t_sched = time.perf_counter() - t0
         result = self.executor.execute(plan)
         t1 = time.perf_counter()
         now = self.clock.now()
         self.scheduler.update_from_output(plan, result.sampled_token_ids, now)
-        fw += time.perf_counter() - t1
-        self._record(plan, result.step_time, now, fw)
+        t_update = time.perf_counter() - t1
+        self._record(plan, result, now, t_sched, t_update)
         return [sr.request for sr, tok in zip(plan.scheduled, result.sampled_token_ids, strict=True)
                 if tok is not None]
 
@@ -272,13 +272,14 @@ class Engine:
             f"scheduler {self.scheduler_name} could not schedule it with the KV pool and "
             "token budget it has", self.clock.now())
 
-    def _record(self, plan, step_time: float, now: float, fw: float) -> None:
+    def _record(self, plan, result: ExecutorOutput, now: float, t_sched: float,
+                t_update: float) -> None:
         u = self.kv.usage()
         num_prefill, num_decode = plan.token_counts()
         st = StepStats(
             step=len(self.step_stats) + 1,
             time=now,
-            step_time=step_time,
+            step_time=result.step_time,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             num_scheduled_tokens=plan.num_batched_tokens,
@@ -291,8 +292,14 @@ class Engine:
             kv_cached_blocks=u.cached_blocks,
             kv_reserved_tokens=u.reserved_tokens,
             kv_used_tokens=u.used_tokens,
-            framework_time=fw,
+            framework_time=t_sched + t_update,
+            schedule_time=t_sched,
+            update_time=t_update,
         )
+        if result.timings is not None:
+            tm = result.timings
+            st.prepare_time, st.forward_time = tm.prepare, tm.forward
+            st.device_wait_time, st.sample_time = tm.device_wait, tm.sample
         self.step_stats.append(st)
 
     def counters(self) -> EngineCounters:

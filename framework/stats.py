@@ -25,6 +25,25 @@ class StepStats:
     kv_reserved_tokens: int
     kv_used_tokens: int
     framework_time: float = 0.0  # schedule + update_from_output wall time (s)
+    # host wall time per phase (s); the executor's four are 0 under a simulated executor
+    schedule_time: float = 0.0  # scheduler.schedule()
+    prepare_time: float = 0.0  # batch building (and swaps) in the executor
+    forward_time: float = 0.0  # launching the forward pass (the whole forward on a CPU)
+    device_wait_time: float = 0.0  # waiting for the GPU to finish the forward
+    sample_time: float = 0.0  # sampling and reading tokens back
+    update_time: float = 0.0  # scheduler.update_from_output()
+
+
+#: the per-step phases of `StepStats`, in step order, as metric-name stems
+STEP_PHASES = ("schedule", "prepare", "forward", "device_wait", "sample", "update")
+
+
+def step_phase_metrics(steps: list[StepStats]) -> dict[str, float]:
+    """Mean host milliseconds per step of each phase: `mean_<phase>_time_ms` for every
+    `STEP_PHASES` entry (0.0 without steps)."""
+    n = len(steps)
+    return {f"mean_{p}_time_ms": 1000.0 * sum(getattr(s, f"{p}_time") for s in steps) / n
+            if n else 0.0 for p in STEP_PHASES}
 
 
 @dataclass(frozen=True, slots=True)

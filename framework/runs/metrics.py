@@ -23,6 +23,7 @@ import numpy as np
 
 from schedlab.request import Request, RequestStatus
 from schedlab.runs.driver import RunResult
+from schedlab.stats import step_phase_metrics
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 _SLO_ITEM = re.compile(r"\s*([a-z0-9_]+)\s*[=:]\s*([0-9.eE+-]+)\s*(?:ms)?\s*")
@@ -148,6 +149,7 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
         "mean_tokens_per_step": _mean([s.num_scheduled_tokens for s in steps]),
         "mean_step_time_ms": 1000.0 * _mean([s.step_time for s in steps]),
         "mean_framework_time_ms": 1000.0 * _mean([s.framework_time for s in steps]),
+        **step_phase_metrics(steps),
     }
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from schedlab.stats import STEP_PHASES
+
 RESULTS_FILE = "results.json"
 #: top-level keys of results.json that are not metrics
 META_KEYS = ("date", "config", "environment")
@@ -178,5 +180,11 @@ def format_table(metrics: dict) -> str:
     row("KV reserved but unused (%):", "kv_waste_pct", ".1f")
     row("Mean batch size (seqs/step):", "mean_batch_size")
     row("Mean tokens per step:", "mean_tokens_per_step")
+    phases = [metrics.get(f"mean_{p}_time_ms") for p in STEP_PHASES]
+    if all(isinstance(v, int | float) for v in phases):
+        # one row: where a step's host time goes, in step order
+        lines.append("Mean step (ms): " + " ".join(
+            f"{p.replace('device_', '')} {v:.2f}" for p, v in zip(STEP_PHASES, phases,
+                                                                   strict=True)))
     lines.append("=" * 50)
     return "\n".join(lines)

@@ -141,10 +141,10 @@ class TorchExecutor(Executor):
                 logits_to_keep=logits_idx,
                 schedlab_ctx=ForwardContext(self.backend, meta),
             ).logits[0]
-        t2 = time.perf_counter()
+        t2 = t3 = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        t3 = time.perf_counter()
+            t3 = time.perf_counter()
         samplers = [plan.scheduled[i] for i in order if plan.scheduled[i].samples]
         tokens = sample(logits, [s.request for s in samplers], self.generator)
         sampled: list[int | None] = [None] * len(plan.scheduled)
