@@ -132,6 +132,10 @@ class Scheduler(ABC):
     # ---- the shared mechanism ------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """Queue a validated request. Changes state."""
+        reason = self.waiting.accept(request)
+        if reason is not None:  # refused by the policy (e.g. a client over its rate limit)
+            self._reject(request, reason, request.arrival_time)
+            return
         request.status = RequestStatus.WAITING
         self.waiting.add(request)
 
@@ -160,6 +164,7 @@ class Scheduler(ABC):
                 continue
             out_ids = req.output_token_ids
             out_ids.append(token)
+            self.waiting.on_token(req)
             m = req.metrics
             m.token_times.append(now)
             if m.first_token_time is None:
@@ -178,7 +183,18 @@ class Scheduler(ABC):
         if finished:
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
+        for req, reason in self.waiting.expire(now):  # e.g. EDF: a deadline already missed
+            self._reject(req, reason, now)
+            finished.append(req)
         return finished
+
+    def _reject(self, req: Request, reason: str, now: float) -> None:
+        """End a request that is not running as REJECTED with `reason`; free any host KV."""
+        self.kv.free(req)  # a swapped-out request holds host slots
+        req.status = RequestStatus.REJECTED
+        req.finish_reason = RequestStatus.REJECTED.value
+        req.reject_reason = reason
+        req.metrics.finished_time = now
 
     def _finish(self, req: Request, status: RequestStatus, now: float) -> None:
         req.status = status
@@ -211,11 +227,7 @@ class Scheduler(ABC):
         if self.running or not self.waiting:
             return None
         req = self.waiting.pop()
-        self.kv.free(req)  # a swapped-out request holds host slots
-        req.status = RequestStatus.REJECTED
-        req.finish_reason = RequestStatus.REJECTED.value
-        req.reject_reason = reason
-        req.metrics.finished_time = now
+        self._reject(req, reason, now)
         return req
 
     # ---- helpers for policies ------------------------------------------------------------
@@ -270,11 +282,19 @@ class Scheduler(ABC):
             if max_num_new is not None and num_new >= max_num_new:
                 break
             req = self.waiting.peek()
+            if out.preempted and any(r is req for r in out.preempted):
+                break  # preempted in this very step: not back before the next one
             prefix = self.kv.match_prefix(req)
             start = prefix.num_tokens if prefix.block_ids else req.num_computed_tokens
             n = self.num_tokens_to_run(req.num_tokens - start, budget)
-            if n == 0 or not self.kv.can_allocate(req, start + n, prefix):
+            if n == 0:
                 break
+            if not self.kv.can_allocate(req, start + n, prefix):
+                freed = self._preempt_outranked(req, start + n, out)
+                if freed is None:
+                    break
+                budget += freed
+                continue  # look again: the victims' blocks are free now
             self.waiting.pop()
             if req.metrics.first_scheduled_time is None:
                 self.kv.record_lookup(req, prefix)
@@ -291,6 +311,40 @@ class Scheduler(ABC):
         it stopped, over the KV it holds (allocate first). Append it to `out.scheduled`.
         No state change beyond handing back swapped-out KV (see `_plan`)."""
         return self._plan(request, num_new_tokens, request.num_computed_tokens)
+
+    def _preempt_outranked(self, req: Request, num_tokens: int,
+                           out: SchedulerOutput) -> int | None:
+        """Preempt running requests that the waiting `req` outranks (`RequestQueue.outranks`)
+        until it can hold `num_tokens`; victims leave this step's plan. Changes state.
+
+        Returns:
+            The budget the victims gave back, or None (nothing preempted) when even all
+            outranked requests together would not free enough KV.
+        """
+        kv, queue = self.kv, self.waiting
+        planned = {id(s.request): s for s in out.scheduled}
+        # NOTE: a request whose swapped KV comes back in this very step is never a victim.
+        victims = [r for r in self.running if queue.outranks(req, r)
+                   and not (id(r) in planned and planned[id(r)].swap_in)]
+        if not victims:
+            return None
+        table = kv.allocator.block_table
+        extra = sum(len(table(v)) for v in victims)
+        if kv.prefix_cache is not None:
+            extra += kv.num_evictable_blocks()
+        if not kv.allocator.can_allocate(req, num_tokens, num_extra_free=extra):
+            return None
+        freed = 0
+        while victims and not kv.can_allocate(req, num_tokens):
+            victim = queue.select_victim(victims)
+            victims.remove(victim)
+            sr = planned.get(id(victim))
+            if sr is not None:
+                out.scheduled.remove(sr)
+                freed += sr.num_new_tokens
+            self.preempt(victim, out)
+            out.preempted.append(victim)
+        return freed
 
     def _plan(self, req: Request, n: int, start: int) -> ScheduledRequest:
         """The request's share of the step. NOTE: every policy plans through here, so a

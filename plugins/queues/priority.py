@@ -16,16 +16,38 @@ class PriorityQueue(RequestQueue):
     A preempted request goes back to its place by the same key, which is early among its
     equals since it arrived before anything admitted after it (vLLM V1's priority queue). The
     preemption victim is the opposite end: the highest value, then the latest arrival.
+
+    A waiting request outranks a running one of a strictly higher `priority` value: when KV
+    is short at admission, the scheduler preempts the lower one for it (`outranks`).
+
+    Args:
+        aging_rate: anti-starvation aging, in priority levels per second of waiting (0: off).
+            A request's effective priority is `priority - aging_rate * wait`; since every
+            waiting request ages at the same rate, this orders by the static key
+            `priority + aging_rate * arrival_time`: a request that waited 1 / aging_rate
+            seconds longer goes ahead of one level better. Preemption still compares plain
+            `priority`, so aging never makes two requests preempt each other in turn.
     """
 
-    def __init__(self, **options: object) -> None:
+    def __init__(self, aging_rate: float = 0.0, **options: object) -> None:
         super().__init__(**options)
+        if isinstance(aging_rate, bool) or not isinstance(aging_rate, int | float) \
+                or not aging_rate >= 0:
+            raise ValueError(f"aging_rate={aging_rate!r} must be a number >= 0")
+        self.aging_rate = float(aging_rate)
         self._heap: list[tuple[tuple, int, Request]] = []  # (key, submission order, request)
         self._seq = itertools.count()
 
     def _key(self, request: Request) -> tuple:
         """The order: smaller goes first. Subclasses with another order override only this."""
-        return request.priority, request.arrival_time
+        return self._aged(request.priority, request), request.arrival_time
+
+    def _aged(self, value: float, request: Request) -> float:
+        """`value` less the aging credit (see the class docstring)."""
+        return value + self.aging_rate * request.arrival_time if self.aging_rate else value
+
+    def outranks(self, waiting: Request, running: Request) -> bool:
+        return waiting.priority < running.priority
 
     def add(self, request: Request) -> None:
         heapq.heappush(self._heap, (self._key(request), next(self._seq), request))
