@@ -223,10 +223,9 @@ async def _sse(loop: EngineLoop, stream, shape: ResponseShape,
                 done = True
                 yield _data(error_body(ev.error, ev.status))
                 break
-            if ev.text or ev.finish_reason is not None:
-                text = ev.text if (ev.text or not shape.chat) else None
-                yield _data(shape.chunk(text, ev.finish_reason, role=first and shape.chat))
-                first = False
+            text = ev.text if (ev.text or not shape.chat or first) else None
+            yield _data(shape.chunk(text, ev.finish_reason, role=first and shape.chat))
+            first = False
             if ev.finished:
                 done = True
                 if include_usage:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ def run_bench(workload: list[WorkloadRequest], options: BenchOptions) -> RunResu
     Raises:
         BenchError: the server cannot be reached or names no model.
     """
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
     model = options.model or served_model(options.base_url)
     return asyncio.run(_run(workload, options, model))
 
@@ -164,6 +166,8 @@ async def _send(client: httpx.AsyncClient, url: str, model: str, rid: str, w: Wo
     end = time.perf_counter()
     if not times:
         return _failed(req, "the stream ended without a token", RequestStatus.FINISHED_ABORTED)
+    if finish not in (None, "stop", "length"):
+        return _failed(req, f"finish_reason {finish!r}", RequestStatus.FINISHED_ABORTED)
     m = req.metrics
     m.first_scheduled_time = sent  # NOTE: a client cannot see queueing; queue keys are dropped
     m.first_token_time = times[0]

@@ -326,7 +326,7 @@ class EngineLoop:
             elif req.is_finished:
                 reason = req.finish_reason if req.finish_reason in ("stop", "length") else "abort"
                 self._end(a, reason, delta.text)
-            elif delta.text:
+            else:  # NOTE: one event per token, even with no text yet: clients time tokens
                 a.stream.put(StreamEvent(delta.text, req.num_prompt_tokens, n))
 
     def _end(self, a: _Active, reason: str, text: str = "") -> None:
