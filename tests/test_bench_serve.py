@@ -1,0 +1,76 @@
+"""`schedlab bench serve`: a workload replayed over HTTP against a running `schedlab serve`,
+written as the same results.json (vLLM's keys) and plots as `schedlab run`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from schedlab.cli import main
+from schedlab.config import EngineConfig
+from schedlab.runs.workload import build_workload
+from schedlab.serve.server import Server, ServerOptions
+
+
+@pytest.fixture(scope="module")
+def server(llama_dir):
+    cfg = EngineConfig(model=llama_dir, num_kv_blocks=256)
+    with Server(cfg, ServerOptions(port=0, model_name="tiny", log_level="warning")) as s:
+        yield s
+
+
+def _bench(server, llama_dir, tmp_path, *extra: str) -> tuple[int, dict]:
+    run_dir = tmp_path / "run"
+    rc = main(["bench", "serve", "--base-url", server.base_url, "model=path",
+               f"model.path={llama_dir}", "logger=none", "driver.progress=false",
+               "print_table=false", f"hydra.run.dir={run_dir}", *extra])
+    path = run_dir / "results.json"
+    return rc, (json.loads(path.read_text()) if path.is_file() else {})
+
+
+def test_bench_writes_run_shaped_results(server, llama_dir, tmp_path):
+    spec = ["workload.num_requests=10", "workload.input_len.min=8", "workload.input_len.max=40",
+            "workload.output_len.min=2", "workload.output_len.max=9",
+            "workload.arrival.process=poisson", "workload.arrival.rate=40", "seed=3"]
+    rc, res = _bench(server, llama_dir, tmp_path, *spec)
+    assert rc == 0
+    # the same requests `schedlab run` would build from this spec and seed
+    wl = build_workload({"type": "synthetic", "num_requests": 10,
+                         "input_len": {"dist": "uniform", "min": 8, "max": 40},
+                         "output_len": {"dist": "uniform", "min": 2, "max": 9},
+                         "arrival": {"process": "poisson", "rate": 40}}, 512, seed=3)
+    assert res["completed"] == 10 and res["num_rejected"] == 0
+    assert res["total_input_tokens"] == sum(len(w.prompt_token_ids) for w in wl)
+    assert res["total_output_tokens"] == sum(w.max_tokens for w in wl)
+    assert sorted(res["output_lens"]) == sorted(w.max_tokens for w in wl)
+    # a streamed chunk per token: one inter-token gap fewer than tokens, per request
+    assert [len(g) for g in res["itls"]] == [n - 1 for n in res["output_lens"]]
+    for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "median_e2el_ms",
+                "request_throughput", "output_throughput", "total_token_throughput"):
+        assert res[key] > 0, key
+    assert "mean_queue_ms" not in res and "num_preemptions" not in res  # engine-only
+    assert res["config"]["bench"]["base_url"] == server.base_url
+    assert "scheduler" not in res["config"]
+    assert (tmp_path / "run" / "plots" / "latency_cdf.png").is_file()
+
+
+def test_requests_the_server_refuses_are_counted_with_the_reason(server, llama_dir, tmp_path):
+    rc, res = _bench(server, llama_dir, tmp_path, "--vocab-size", "100000",
+                     "workload.num_requests=3", "workload.input_len.min=30", "plots=false")
+    assert rc == 0
+    assert res["completed"] == 0 and res["num_rejected"] == 3
+    assert all("outside the vocabulary" in e for e in res["errors"])
+
+
+def test_unreachable_server_is_one_error_line(llama_dir, tmp_path, capsys):
+    rc = main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "model=path",
+               f"model.path={llama_dir}", "logger=none", f"hydra.run.dir={tmp_path / 'r'}"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("schedlab: error: cannot list the models at http://127.0.0.1:9")
+
+
+def test_bench_needs_a_base_url(capsys):
+    assert main(["bench", "serve", "workload.num_requests=2"]) == 2
+    assert "--base-url" in capsys.readouterr().err
