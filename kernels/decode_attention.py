@@ -238,12 +238,18 @@ def paged_decode_ref(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    upcast: bool = True,
 ) -> torch.Tensor:
-    """Plain-torch twin of `paged_decode` (fp32 math, one sequence at a time)."""
+    """Plain-torch twin of `paged_decode` (one sequence at a time), in `query`'s dtype.
+
+    With `upcast` (default) the math runs in fp32; without, in the inputs' own dtype (the
+    error a plain low-precision implementation makes, which kernel tests scale their
+    tolerance by).
+    """
     out = torch.empty_like(query)
     for b in range(query.shape[0]):
         k, v = gather_context(k_cache, v_cache, block_tables[b], int(seq_lens[b]))
-        out[b] = attend(query[b:b + 1], k, v, scale, causal_offset=None)[0].to(query.dtype)
+        out[b] = attend(query[b:b + 1], k, v, scale, None, upcast)[0].to(query.dtype)
     return out
 
 
@@ -257,16 +263,19 @@ def gather_context(
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_offset: int | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_offset: int | None,
+    upcast: bool = True,
 ) -> torch.Tensor:
-    """fp32 softmax attention of `q` `[M, H, D]` over `k`, `v` `[N, Hkv, D]`.
+    """Softmax attention of `q` `[M, H, D]` over `k`, `v` `[N, Hkv, D]`, in fp32 (`upcast`) or
+    in `q`'s dtype throughout (scores, softmax and the weighted sum rounded to it).
 
     With `causal_offset` c, query row i sees keys `0 .. c + i`; with `None` it sees all.
     """
     group = q.shape[1] // k.shape[1]
-    qf = q.float().transpose(0, 1)  # [H, M, D]
-    kf = k.float().repeat_interleave(group, 1).transpose(0, 1)  # [H, N, D]
-    vf = v.float().repeat_interleave(group, 1).transpose(0, 1)
+    dt = torch.float32 if upcast else q.dtype
+    qf = q.to(dt).transpose(0, 1)  # [H, M, D]
+    kf = k.to(dt).repeat_interleave(group, 1).transpose(0, 1)  # [H, N, D]
+    vf = v.to(dt).repeat_interleave(group, 1).transpose(0, 1)
     s = qf @ kf.transpose(1, 2) * scale
     if causal_offset is not None:
         rows = torch.arange(q.shape[0], device=q.device)[:, None] + causal_offset

@@ -135,12 +135,14 @@ def paged_prefill_ref(
     query_start_loc: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    upcast: bool = True,
 ) -> torch.Tensor:
-    """Plain-torch twin of `paged_prefill` (fp32 math, one sequence at a time)."""
+    """Plain-torch twin of `paged_prefill` (one sequence at a time); fp32 math with `upcast`,
+    else the inputs' own dtype (see `paged_decode_ref`)."""
     if out is None:
         out = torch.empty_like(query)
     for b in range(seq_lens.shape[0]):
         lo, hi, ctx = int(query_start_loc[b]), int(query_start_loc[b + 1]), int(seq_lens[b])
         k, v = gather_context(k_cache, v_cache, block_tables[b], ctx)
-        out[lo:hi] = attend(query[lo:hi], k, v, scale, causal_offset=ctx - (hi - lo)).to(out.dtype)
+        out[lo:hi] = attend(query[lo:hi], k, v, scale, ctx - (hi - lo), upcast).to(out.dtype)
     return out

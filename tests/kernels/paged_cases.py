@@ -48,7 +48,8 @@ def make_paged_case(
 
 
 def assert_close_to_ref(out: torch.Tensor, ref: torch.Tensor) -> None:
-    """fp32/fp16 within tight tolerances; bf16 within one ulp (the interpreter truncates)."""
+    """Exact-math results (stores, casts): fp32/fp16 within tight tolerances, bf16 within one
+    ulp. Attention outputs use `assert_attention_close`."""
     assert out.dtype == ref.dtype
     out, ref = out.cpu(), ref.cpu()
     assert not out.isnan().any(), "output has unwritten (NaN) elements"
@@ -61,3 +62,39 @@ def assert_close_to_ref(out: torch.Tensor, ref: torch.Tensor) -> None:
     else:
         tol = {torch.float32: 2e-5, torch.float16: 2e-3}[out.dtype]
         torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+
+
+#: a low-precision kernel may be this many times further from the fp32 reference than torch's
+#: own low-precision math (FlashAttention's tests use 2)
+LOWP_FACTOR = 2.0
+
+
+def attention_error(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor
+                    ) -> tuple[float, float]:
+    """(max |out - ref32|, the bound it must stay within) for a low-precision `out`.
+
+    The bound is `LOWP_FACTOR` x the error of the same math done by torch in `out`'s dtype
+    (`ref_lowp`) plus twice the dtype's rounding error at 0.3 (FlashAttention's `fwd_atol`):
+    it holds for compiled bf16/fp16 kernels (bf16 P.V dots included), not only for the
+    interpreter's fp32 math, and still catches a wrong result (tests show it can fail).
+    """
+    r = ref32.float().cpu()
+    err = float((out.float().cpu() - r).abs().max())
+    base = float((ref_lowp.float().cpu() - r).abs().max())
+    r_lp = r.to(out.dtype)
+    atol = 2 * float((r_lp + 0.3 - 0.3 - r_lp).abs().max())
+    return err, LOWP_FACTOR * base + atol
+
+
+def assert_attention_close(out: torch.Tensor, ref32: torch.Tensor,
+                           ref_lowp: torch.Tensor | None = None) -> None:
+    """An attention output against its fp32-math reference: fp32 within 2e-5; fp16/bf16
+    within `attention_error`'s bound (`ref_lowp`: the same math by torch in out's dtype)."""
+    assert not out.cpu().isnan().any(), "output has unwritten (NaN) elements"
+    if out.dtype == torch.float32:
+        torch.testing.assert_close(out.cpu(), ref32.float().cpu(), atol=2e-5, rtol=2e-5)
+        return
+    assert ref_lowp is not None and ref_lowp.dtype == out.dtype
+    err, bound = attention_error(out, ref32, ref_lowp)
+    assert err <= bound, (f"{out.dtype} max error {err:.3g} vs the fp32 reference exceeds "
+                          f"{bound:.3g} ({LOWP_FACTOR}x torch's own {out.dtype} error + atol)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_cases import assert_close_to_ref, make_paged_case
+from paged_cases import assert_attention_close, attention_error, make_paged_case
 
 from schedlab.kernels.decode_attention import paged_decode, paged_decode_ref
 
@@ -15,6 +15,16 @@ def _query(batch, num_heads, head_dim, dtype, gen, device):
     # [B, H, D] view of [H, B, D] storage: the layout the model hands the backend
     q = torch.randn(num_heads, batch, head_dim, generator=gen).to(dtype).to(device)
     return q.transpose(0, 1)
+
+
+def _refs(case, q, scale):
+    """(fp32-math reference, torch's own math in q's dtype) for `case`."""
+    f = torch.float32
+    ref32 = paged_decode_ref(q.to(f), case.k_cache.to(f), case.v_cache.to(f), case.block_tables,
+                             case.seq_lens, scale)
+    lowp = paged_decode_ref(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
+                            scale, upcast=False)
+    return ref32, lowp
 
 
 def _run(case, q, scale, num_splits):
@@ -37,8 +47,7 @@ def test_decode_matches_reference(num_heads, num_kv_heads, head_dim, block_size,
     case = make_paged_case(seq_lens, num_kv_heads, head_dim, block_size, dtype, gen, device)
     q = _query(len(seq_lens), num_heads, head_dim, dtype, gen, device)
     scale = head_dim ** -0.5
-    ref = paged_decode_ref(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, scale)
-    assert_close_to_ref(_run(case, q, scale, num_splits=1), ref)
+    assert_attention_close(_run(case, q, scale, num_splits=1), *_refs(case, q, scale))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -47,11 +56,52 @@ def test_split_k_agrees_with_single_pass(num_splits, dtype, gen, device):
     seq_lens = [70, 3, 128, 33]  # 3 and 33 leave some splits empty
     case = make_paged_case(seq_lens, 2, 64, 8, dtype, gen, device)
     q = _query(len(seq_lens), 8, 64, dtype, gen, device)
-    ref = paged_decode_ref(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.125)
+    refs = _refs(case, q, 0.125)
     single = _run(case, q, 0.125, num_splits=1)
     split = _run(case, q, 0.125, num_splits=num_splits)
-    assert_close_to_ref(split, ref)
-    assert_close_to_ref(split, single)
+    assert_attention_close(split, *refs)
+    assert_attention_close(single, *refs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_an_upper_bound_on_max_seq_len_changes_nothing(dtype, gen, device):
+    """A captured CUDA graph launches with max_model_len, not the step's longest context, over
+    block tables as wide as max_model_len."""
+    case = make_paged_case([9, 3, 40], 2, 64, 4, dtype, gen, device)
+    q = _query(3, 4, 64, dtype, gen, device)
+    exact = _run(case, q, 0.125, num_splits=1)
+    wide = torch.zeros(3, 16, dtype=torch.int32, device=device)  # 64 tokens of blocks of 4
+    wide[:, : case.block_tables.shape[1]] = case.block_tables
+    for splits in (1, 3):
+        out = torch.full_like(q, float("nan"))
+        paged_decode(q, case.k_cache, case.v_cache, wide, case.seq_lens, 0.125, 64, out=out,
+                     num_splits=splits)
+        assert_attention_close(out, *_refs(case, q, 0.125))
+        if dtype == torch.float32:
+            torch.testing.assert_close(out, exact)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("wrong", ["scale-5pct", "off-by-one-slot", "swap-kv-heads"])
+def test_the_low_precision_check_catches_a_wrong_result(wrong, dtype, gen, device):
+    """The tolerance is loose enough for compiled bf16 kernels, yet a subtly wrong attention
+    (as a buggy kernel would give) still fails it."""
+    case = make_paged_case([7, 33, 64, 20], 2, 64, 8, dtype, gen, device, poison_unused=False)
+    q = _query(4, 8, 64, dtype, gen, device)
+    ref32, lowp = _refs(case, q, 0.125)
+    f = torch.float32
+    args = (q.to(f), case.k_cache.to(f), case.v_cache.to(f), case.block_tables, case.seq_lens)
+    if wrong == "scale-5pct":
+        bad = paged_decode_ref(*args, 0.125 * 1.05)
+    elif wrong == "off-by-one-slot":  # every token read from the next cache slot
+        k = args[1].flatten(0, 1).roll(-1, 0).view_as(args[1])
+        v = args[2].flatten(0, 1).roll(-1, 0).view_as(args[2])
+        bad = paged_decode_ref(args[0], k, v, *args[3:], 0.125)
+    else:
+        bad = paged_decode_ref(args[0], args[1].flip(2), args[2].flip(2), *args[3:], 0.125)
+    bad = bad.to(dtype)
+    err, bound = attention_error(bad, ref32, lowp)
+    assert err > bound, f"{wrong}: error {err:.3g} passes the bound {bound:.3g}"
 
 
 def test_decode_leaves_other_rows_alone(gen, device):

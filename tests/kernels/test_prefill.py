@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_cases import assert_close_to_ref, make_paged_case
+from paged_cases import assert_attention_close, make_paged_case
 
 from schedlab.kernels.prefill_attention import paged_prefill, paged_prefill_ref
 
@@ -17,6 +17,16 @@ def _chunks(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size,
     q = torch.randn(num_heads, total, head_dim, generator=gen).to(dtype).to(device)
     starts = torch.tensor([lead_rows, *query_lens]).cumsum(0).to(torch.int32).to(device)
     return case, q.transpose(0, 1), starts
+
+
+def _refs(case, q, starts, scale):
+    """(fp32-math reference, torch's own math in q's dtype) for `case`."""
+    f = torch.float32
+    ref32 = paged_prefill_ref(q.to(f), case.k_cache.to(f), case.v_cache.to(f),
+                              case.block_tables, case.seq_lens, starts, scale)
+    lowp = paged_prefill_ref(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
+                             starts, scale, upcast=False)
+    return ref32, lowp
 
 
 def _run(case, q, starts, scale, max_query_len):
@@ -40,17 +50,14 @@ def test_prefill_matches_reference(num_heads, num_kv_heads, head_dim, block_size
     case, q, starts = _chunks(query_lens, seq_lens, num_heads, num_kv_heads, head_dim,
                               block_size, dtype, gen, device)
     scale = head_dim ** -0.5
-    ref = paged_prefill_ref(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
-                            starts, scale)
-    assert_close_to_ref(_run(case, q, starts, scale, max(query_lens)), ref)
+    assert_attention_close(_run(case, q, starts, scale, max(query_lens)),
+                           *_refs(case, q, starts, scale))
 
 
 def test_long_chunk_spans_several_query_tiles(gen, device):
     query_lens, seq_lens = [70, 4], [90, 4]
     case, q, starts = _chunks(query_lens, seq_lens, 4, 2, 64, 16, torch.float32, gen, device)
-    ref = paged_prefill_ref(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
-                            starts, 0.125)
-    assert_close_to_ref(_run(case, q, starts, 0.125, 70), ref)
+    assert_attention_close(_run(case, q, starts, 0.125, 70), *_refs(case, q, starts, 0.125))
 
 
 def test_rows_outside_the_sequences_are_not_written(gen, device):
@@ -59,9 +66,8 @@ def test_rows_outside_the_sequences_are_not_written(gen, device):
                               lead_rows=3)
     out = _run(case, q, starts, 0.125, 6)
     assert out[:3].isnan().all()
-    ref = paged_prefill_ref(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
-                            starts, 0.125)
-    assert_close_to_ref(out[3:], ref[3:])
+    ref32, lowp = _refs(case, q, starts, 0.125)
+    assert_attention_close(out[3:], ref32[3:], lowp[3:])
 
 
 def test_prefill_checks_its_arguments(gen, device):
