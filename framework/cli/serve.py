@@ -228,11 +228,14 @@ def _bench_task(cfg: DictConfig) -> None:
 
 
 def _bench(s: RunSettings, a: _BenchArgs) -> None:
+    import logging
+
     from schedlab.runs.metrics import compute_metrics
     from schedlab.runs.results import collect_environment, format_table, write_results
     from schedlab.runs.workload import build_workload
     from schedlab.serve.bench import BenchOptions, client_metrics, run_bench, served_model
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     vocab = a.vocab_size
     if vocab is None:
         from schedlab.sim.model_presets import resolve_model

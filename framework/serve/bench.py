@@ -24,13 +24,6 @@ from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.driver import RunResult
 
-#: metric keys of `compute_metrics` that a client cannot observe (engine-side or queueing)
-ENGINE_ONLY_KEYS = ("num_steps", "num_preemptions", "num_swaps", "prefix_cache_hit_rate",
-                    "num_kv_blocks", "peak_kv_used_blocks", "peak_kv_usage_pct",
-                    "mean_kv_usage_pct", "mean_kv_reserved_tokens", "mean_kv_used_tokens",
-                    "kv_waste_pct", "mean_batch_size", "mean_num_running", "mean_num_waiting",
-                    "mean_tokens_per_step", "mean_step_time_ms", "mean_framework_time_ms")
-
 
 class BenchError(RuntimeError):
     """The server cannot be benchmarked (unreachable, no model); the message says why."""
@@ -199,8 +192,8 @@ def _message(text: str) -> str:
 def client_metrics(run: RunResult, metrics: dict) -> dict:
     """`compute_metrics` output as a client sees it: engine-only and queueing keys dropped,
     `max_concurrent_requests` counted from the requests' send..finish intervals."""
-    out = {k: v for k, v in metrics.items()
-           if k not in ENGINE_ONLY_KEYS and "_queue_ms" not in k}
+    engine_only = set(engine_keys())
+    out = {k: v for k, v in metrics.items() if k not in engine_only and "_queue_ms" not in k}
     events: list[tuple[float, int]] = []
     for r in run.requests:
         if r.metrics.finished_time is not None:
@@ -211,6 +204,17 @@ def client_metrics(run: RunResult, metrics: dict) -> dict:
         peak = max(peak, cur)
     out["max_concurrent_requests"] = peak
     return out
+
+
+def engine_keys() -> list[str]:
+    """Metric keys of `compute_metrics` that only the engine can fill (steps, KV, batches)."""
+    from schedlab import stats
+    from schedlab.runs.metrics import engine_metrics
+
+    empty = RunResult(requests=[], duration_s=0.0, step_stats=[], num_preemptions=0,
+                      prefix_hit_rate=0.0)
+    phases = [f"mean_{p}_time_ms" for p in getattr(stats, "STEP_PHASES", ())]
+    return [*engine_metrics(empty), *phases]
 
 
 class _NoBar:
