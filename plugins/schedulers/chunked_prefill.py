@@ -24,6 +24,5 @@ class ChunkedPrefillScheduler(Scheduler):
         self.running.sort(key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
         budget = self.schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
-            budget = self.admit_waiting(out, budget)
-        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+            self.admit_waiting(out, budget)
         return out

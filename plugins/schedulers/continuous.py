@@ -17,6 +17,5 @@ class ContinuousScheduler(Scheduler):
         out = SchedulerOutput()
         budget = self.schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
-            budget = self.admit_waiting(out, budget)
-        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+            self.admit_waiting(out, budget)
         return out

@@ -28,11 +28,10 @@ class StaticScheduler(Scheduler):
                 n = req.num_tokens - req.num_computed_tokens
                 if n > budget:
                     break
-                out.scheduled.append(self._plan(req, n, req.num_computed_tokens))
+                out.scheduled.append(self.plan_request(req, n))
                 budget -= n
         else:
-            budget = self.schedule_running(out, limit)
-        out.num_batched_tokens = limit - budget
+            self.schedule_running(out, limit)
         return out
 
     def _form_batch(self) -> None:
