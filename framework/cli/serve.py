@@ -124,6 +124,9 @@ def bench_main(argv: Sequence[str]) -> int:
     if not ns.base_url.startswith(("http://", "https://")):
         return _usage_error("schedlab bench serve", f"--base-url {ns.base_url!r} must start "
                             "with http:// or https://", BENCH_USAGE)
+    if not any(o.split("=", 1)[0].lstrip("+~") == "executor" for o in overrides):
+        # NOTE: no engine is built here; sim accepts every model config (a preset included)
+        overrides = [*overrides, "executor=sim"]
     return _hydra(_bench_task, "schedlab bench serve", overrides,
                   _BenchArgs(ns.base_url, ns.model, ns.vocab_size, ns.timeout))
 
