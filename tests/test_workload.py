@@ -248,3 +248,55 @@ def test_trace_that_is_not_utf8_or_has_a_bom(tmp_path):
     reqs = build_workload({"type": "trace", "format": "azure", "path": str(bom)}, 512)
     assert [len(r.prompt_token_ids) for r in reqs] == [12, 20]
     assert [r.arrival_s for r in reqs] == [0.0, 1.5]
+
+
+# ---- tenants and SLO tiers -------------------------------------------------------------
+def test_clients_with_rates_send_their_own_streams():
+    spec = {"type": "synthetic", "num_requests": 400, "input_len": 8, "output_len": 4,
+            "arrival": {"process": "poisson", "rate": 1.0},
+            "clients": [{"id": "heavy", "rate": 6.0, "priority": 1},
+                        {"id": "light", "count": 2, "rate": 1.0, "output_len": 2}]}
+    w = build_workload(spec, 100, seed=0)
+    ids = [r.client_id for r in w]
+    assert (ids.count("heavy"), ids.count("light0"), ids.count("light1")) == (300, 50, 50)
+    assert [r.arrival_s for r in w] == sorted(r.arrival_s for r in w)
+    # each client spans about num_requests_of_client / rate = 50 s
+    for cid in ("heavy", "light0", "light1"):
+        assert 35 < max(r.arrival_s for r in w if r.client_id == cid) < 65
+    assert {r.max_tokens for r in w if r.client_id != "heavy"} == {2}
+    assert {r.priority for r in w if r.client_id == "heavy"} == {1}
+
+
+def test_client_weights_and_slo_classes():
+    spec = {"type": "synthetic", "num_requests": 300, "input_len": 8, "output_len": 4,
+            "clients": [{"id": "a", "weight": 2}, {"id": "b", "slo_class": "batch"}],
+            "slo_classes": [{"name": "chat", "deadline_ms": 500, "priority": 0},
+                            {"name": "batch", "deadline_ms": 20000, "priority": 3}]}
+    w = build_workload(spec, 100, seed=0)
+    assert sum(r.client_id == "a" for r in w) == 200
+    assert {(r.slo_class, r.deadline_ms, r.priority) for r in w if r.client_id == "b"} == {
+        ("batch", 20000.0, 3)}
+    classes = {r.slo_class for r in w if r.client_id == "a"}
+    assert classes == {"chat", "batch"}
+    with pytest.raises(WorkloadError, match="rate"):
+        build_workload({**spec, "clients": [{"id": "a", "rate": 1}, {"id": "b"}]}, 100)
+    with pytest.raises(WorkloadError, match="unique"):
+        build_workload({**spec, "clients": [{"id": "a"}, {"id": "a"}]}, 100)
+    with pytest.raises(WorkloadError, match="slo_classes"):
+        build_workload({**spec, "slo_classes": {"chat": 1}}, 100)
+
+
+def test_trace_rows_carry_tenant_columns(tmp_path):
+    jl = tmp_path / "t.jsonl"
+    jl.write_text('{"prompt_tokens": 5, "output_tokens": 3, "client_id": "acme", '
+                  '"slo_class": "chat"}\n{"prompt_tokens": 5, "output_tokens": 3, '
+                  '"deadline_ms": 250, "priority": 2}\n')
+    w = build_workload({"type": "trace", "format": "jsonl", "path": str(jl),
+                        "slo_classes": [{"name": "chat", "deadline_ms": 900}]}, 100)
+    assert [(r.client_id, r.slo_class, r.deadline_ms, r.priority) for r in w] == [
+        ("acme", "chat", 900.0, 0), (None, "chat", 250.0, 2)]
+    csvf = tmp_path / "a.csv"
+    csvf.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,client_id,deadline_ms\n"
+                    "0,10,4,u1,300\n1,10,4,,\n")
+    w = build_workload({"type": "trace", "format": "azure", "path": str(csvf)}, 100)
+    assert [(r.client_id, r.deadline_ms) for r in w] == [("u1", 300.0), (None, None)]

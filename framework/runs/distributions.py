@@ -33,6 +33,12 @@ class WorkloadRequest:
         client_id: the tenant that sent it (fairness policies, per-client metrics).
         deadline_ms: latency objective after arrival (deadline-aware policies).
         slo_class: a named SLO tier (per-class metrics).
+        session_id: the conversation this request is a turn of (None: a single request).
+        turn: its turn in the conversation, from 0. A turn > 0 holds only its new message in
+            `prompt_token_ids`; the driver releases it `think_time_s` after the previous
+            turn finished, with the previous prompt and answer prepended (its `arrival_s` is
+            the session's start, used only to keep the list ordered).
+        think_time_s: the user's pause between the previous answer and this turn.
     """
 
     prompt_token_ids: list[int]
@@ -43,6 +49,9 @@ class WorkloadRequest:
     client_id: str | None = None
     deadline_ms: float | None = None
     slo_class: str | None = None
+    session_id: str | None = None
+    turn: int = 0
+    think_time_s: float = 0.0
 
 def random_tokens(rng: np.random.Generator, n: int, vocab_size: int) -> list[int]:
     """`n` token ids drawn uniformly from [2, vocab_size)."""
@@ -103,6 +112,37 @@ def sample_lengths(dist: Any, n: int, rng: np.random.Generator, key: str) -> np.
         p = (k - lo + 1.0) ** -alpha
         out = rng.choice(k, size=n, p=p / p.sum()).astype(float)
     return np.clip(np.rint(out), lo, hi).astype(np.int64)
+
+
+def sample_seconds(dist: Any, n: int, rng: np.random.Generator, key: str) -> np.ndarray:
+    """Draw `n` durations (s) >= 0: a number (fixed) or a mapping with `dist` = `fixed`
+    (`value`), `uniform` (`min`, `max`) or `exponential` (`mean`).
+
+    Raises:
+        WorkloadError: naming `key` and what is wrong.
+    """
+    if dist is None:
+        return np.zeros(n)
+    if isinstance(dist, int | float) and not isinstance(dist, bool):
+        dist = {"dist": "fixed", "value": dist}
+    if not isinstance(dist, Mapping):
+        raise WorkloadError(f"workload.{key}={dist!r} must be a number of seconds or a mapping "
+                            "with 'dist'")
+    name = dist.get("dist", "fixed")
+    if name == "fixed":
+        out = np.full(n, get_num(dist, "value", key, dist.get("mean")))
+    elif name == "uniform":
+        lo, hi = get_num(dist, "min", key, 0.0), get_num(dist, "max", key)
+        if lo > hi:
+            raise WorkloadError(f"workload.{key}: need min <= max, got min={lo}, max={hi}")
+        out = rng.uniform(lo, hi, size=n)
+    elif name == "exponential":
+        out = rng.exponential(get_pos(dist, "mean", key), size=n)
+    else:
+        raise WorkloadError(f"workload.{key}.dist={name!r}; accepted: fixed, uniform, exponential")
+    if (out < 0).any() or not np.isfinite(out).all():
+        raise WorkloadError(f"workload.{key}: durations must be finite and >= 0")
+    return out
 
 
 # ---- arrivals --------------------------------------------------------------------------

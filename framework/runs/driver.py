@@ -4,16 +4,21 @@ Offline workloads (every arrival at 0) submit everything at once. Online ones re
 request when the engine clock reaches its arrival time, so a request that waits for a seat
 counts that wait in its TTFT; when nothing runs the driver sleeps until the next arrival (the
 wall clock really sleeps, a virtual clock jumps).
+
+Multi-turn sessions (`WorkloadRequest.session_id`): a later turn is released `think_time_s`
+after the previous turn finished, its prompt the previous prompt + answer + its new message.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass
 
 from schedlab.engine import Engine
 from schedlab.request import Request, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
+from schedlab.runs.sessions import next_turns
 from schedlab.stats import StepStats
 
 #: consecutive empty steps (no plan, nothing finished) before the driver gives up
@@ -85,31 +90,48 @@ def run_workload(
     c0 = engine.counters()
     first_step = c0.num_steps
 
-    order = deque(sorted(range(len(workload)), key=lambda i: (workload[i].arrival_s, i)))
+    nxt = next_turns(workload)
+    later = set(nxt.values())  # turns released by their predecessor, not by arrival_s
+    order = deque(sorted((i for i in range(len(workload)) if i not in later),
+                         key=lambda i: (workload[i].arrival_s, i)))
+    follow: list[tuple[float, int]] = []  # (release time after start, index): next turns
+    release = {i: workload[i].arrival_s for i in order}
+    prompts: dict[int, list[int]] = {}  # a next turn's full prompt (history + message)
     submitted: list[Request | None] = [None] * len(workload)
     in_flight: list[Request] = []
     seat_free_at = -float("inf")  # when the last seat was freed (concurrency-limited arrivals)
     held: set[int] = set()  # requests that arrived while max_concurrency were in flight
+    index: dict[int, int] = {}  # id(request) -> its workload index
     bar = _progress_bar(len(workload), progress)
     stalled = 0
     start = clock.now()
+    def due() -> int | None:
+        """The next request to release (the earlier of the two sources)."""
+        if follow and (not order or follow[0][0] < release[order[0]]):
+            return follow[0][1]
+        return order[0] if order else None
+
+    def take(i: int) -> None:
+        if follow and follow[0][1] == i:
+            heapq.heappop(follow)
+        else:
+            order.popleft()
+
     try:
-        while order or in_flight:
+        while order or follow or in_flight:
             now = clock.now()
-            while order and start + workload[order[0]].arrival_s <= now:
+            while (i := due()) is not None and start + release[i] <= now:
                 if max_concurrency is not None and len(in_flight) >= max_concurrency:
-                    for j in order:
-                        if start + workload[j].arrival_s > now:
-                            break
-                        held.add(j)
+                    held.update(j for j in _arrived(order, release, start, now))
+                    held.update(j for t, j in follow if start + t <= now)
                     break
-                i = order.popleft()
+                take(i)
                 w = workload[i]
-                arrival = start + w.arrival_s
+                arrival = start + release[i]
                 if i in held:  # it arrived to a full house: its clock starts at a free seat
                     arrival = max(arrival, seat_free_at)
                 req = engine.add_request(
-                    w.prompt_token_ids,
+                    prompts.pop(i, w.prompt_token_ids),
                     SamplingParams(temperature=temperature, max_tokens=w.max_tokens,
                                    ignore_eos=ignore_eos),
                     arrival_time=arrival,
@@ -120,16 +142,25 @@ def run_workload(
                     slo_class=w.slo_class,
                 )
                 submitted[i] = req
+                index[id(req)] = i
                 in_flight.append(req)
             num_steps = len(engine.step_stats)
             if engine.has_unfinished():
                 engine.step()
-            elif order:
-                clock.sleep_until(start + workload[order[0]].arrival_s)
+            elif (i := due()) is not None:
+                clock.sleep_until(start + release[i])
             still = [r for r in in_flight if not r.is_finished]
             if len(still) < len(in_flight):
                 done = [r for r in in_flight if r.is_finished]
                 seat_free_at = max(_finish_time(r, clock.now()) for r in done)
+                for r in done:  # release the next turn of each finished session turn
+                    j = nxt.get(index[id(r)])
+                    if j is not None:
+                        t = _finish_time(r, clock.now()) - start + workload[j].think_time_s
+                        release[j] = t
+                        prompts[j] = r.prompt_token_ids + r.output_token_ids + list(
+                            workload[j].prompt_token_ids)
+                        heapq.heappush(follow, (t, j))
                 bar.update(len(done))
                 in_flight = still
                 stalled = 0
@@ -161,6 +192,14 @@ def run_workload(
         num_prefix_hit_tokens=hits,
         num_swaps=c1.num_swaps - c0.num_swaps,
     )
+
+
+def _arrived(order: deque[int], release: dict[int, float], start: float, now: float):
+    """The queued indices whose release time has come (`order` is sorted by it)."""
+    for j in order:
+        if start + release[j] > now:
+            return
+        yield j
 
 
 def _finish_time(req: Request, default: float) -> float:

@@ -1,10 +1,14 @@
 """Trace-file loaders: ShareGPT, Azure LLM inference traces, BurstGPT and plain JSONL.
 
 Every loader returns `WorkloadRequest`s with arrival times relative to the first row (times
-`time_scale`), or 0 where the file has no timestamps. Prompts with a known length only get
-random token ids (seeded); text is mapped to ids by `text_to_token_ids`. Rows that cannot run
-(0 prompt or 0 output tokens, e.g. BurstGPT's failed requests) are skipped; rows that cannot be
-read raise `WorkloadError` naming the file, the line and what is wrong.
+`time_scale`), or 0 where the file has no timestamps. Rows may name their tenant and SLO tier:
+JSONL keys and CSV columns `client_id`, `priority`, `slo_class`, `deadline_ms` are read where
+present. A ShareGPT file with `sessions: true` is replayed as multi-turn sessions
+(`schedlab.runs.sessions`): each conversation one session, each human message a turn.
+Prompts with a known length only get random token ids (seeded); text is mapped to ids by
+`text_to_token_ids`. Rows that cannot run (0 prompt or 0 output tokens, e.g. BurstGPT's failed
+requests) are skipped; rows that cannot be read raise `WorkloadError` naming the file, the line
+and what is wrong.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from schedlab.runs.distributions import (
     WorkloadRequest,
     random_tokens,
     sample_lengths,
+    sample_seconds,
 )
+from schedlab.runs.sessions import session_requests
 
 FORMATS = ("sharegpt", "azure", "burstgpt", "jsonl")
 
@@ -37,6 +43,9 @@ class _Row(NamedTuple):
     prompt: list[int]
     output_len: int
     priority: int = 0
+    client_id: str | None = None
+    slo_class: str | None = None
+    deadline_ms: float | None = None
 
 
 _PIECE = re.compile(r"\w{1,4}|[^\w\s]")
@@ -78,6 +87,10 @@ def load_trace(spec: Mapping[str, Any], vocab_size: int,
         raise WorkloadError(f"workload.time_scale={scale!r} must be a number >= 0")
     max_rows = _limit(spec, "max_rows")
     num = _limit(spec, "num_requests")
+    if spec.get("sessions"):
+        if fmt != "sharegpt":
+            raise WorkloadError(f"workload.sessions=true needs format=sharegpt (got {fmt})")
+        return _sharegpt_sessions(path, spec, vocab_size, rng, max_rows, num)
 
     rows: Iterator[_Row]
     if fmt == "sharegpt":
@@ -89,13 +102,15 @@ def load_trace(spec: Mapping[str, Any], vocab_size: int,
     out: list[WorkloadRequest] = []
     times: list[float | None] = []
     try:
-        for i, (t, prompt, n_out, priority) in enumerate(rows):
+        for i, row in enumerate(rows):
             if max_rows is not None and i >= max_rows:
                 break
-            if not prompt or n_out <= 0:
+            if not row.prompt or row.output_len <= 0:
                 continue
-            out.append(WorkloadRequest(prompt, n_out, priority=priority))
-            times.append(t)
+            out.append(WorkloadRequest(row.prompt, row.output_len, priority=row.priority,
+                                       client_id=row.client_id, slo_class=row.slo_class,
+                                       deadline_ms=row.deadline_ms))
+            times.append(row.arrival)
             if num is not None and len(out) >= num:
                 break
     except UnicodeDecodeError as e:
@@ -141,6 +156,48 @@ def _sharegpt(path: Path, vocab_size: int) -> Iterator[_Row]:
             texts.append(turn["value"])
         reply = text_to_token_ids(texts[1], vocab_size)
         yield _Row(None, text_to_token_ids(texts[0], vocab_size), len(reply))
+
+
+def _sharegpt_sessions(path: Path, spec: Mapping[str, Any], vocab_size: int,
+                       rng: np.random.Generator, max_rows: int | None,
+                       num: int | None) -> list[WorkloadRequest]:
+    """Each conversation a session: turn k's message is its k-th human message, its answer
+    length the reply's; `max_turns` caps the turns, `num_requests` the sessions kept."""
+    max_turns = _limit(spec, "max_turns")
+    out: list[WorkloadRequest] = []
+    num_sessions = 0
+    for i, (line, entry) in enumerate(_json_records(path)):
+        if (max_rows is not None and i >= max_rows) or (num is not None and num_sessions >= num):
+            break
+        conv = entry.get("conversations") if isinstance(entry, dict) else None
+        if not isinstance(conv, list):
+            raise _fail(path, line, "entry has no 'conversations' list")
+        turns = []
+        for k in range(0, len(conv) - 1, 2):
+            pair = conv[k:k + 2]
+            if not all(isinstance(m, dict) and isinstance(m.get("value"), str) for m in pair):
+                raise _fail(path, line, "a turn in 'conversations' needs a string 'value'")
+            msg = text_to_token_ids(pair[0]["value"], vocab_size)
+            reply = len(text_to_token_ids(pair[1]["value"], vocab_size))
+            if not msg or reply == 0:
+                break  # the conversation cannot go on past an empty turn
+            turns.append((msg, reply))
+            if max_turns is not None and len(turns) >= max_turns:
+                break
+        if not turns:
+            continue
+        sid = str(entry.get("id", f"conv{i}"))
+        if spec.get("output_len") is not None:
+            lens = sample_lengths(spec["output_len"], len(turns), rng, "output_len")
+            turns = [(m, int(k)) for (m, _), k in zip(turns, lens, strict=True)]
+        thinks = sample_seconds(spec.get("think_time_s"), len(turns), rng, "think_time_s")
+        out += session_requests(f"{sid}#{i}", [(m, k, float(t)) for (m, k), t
+                                               in zip(turns, thinks, strict=True)])
+        num_sessions += 1
+    if not out:
+        raise WorkloadError(f"{path.name}: no usable conversations (a turn needs a message "
+                            "and a reply)")
+    return out
 
 
 def _json_records(path: Path) -> Iterator[tuple[int, Any]]:
@@ -209,7 +266,14 @@ def _jsonl(path: Path, vocab_size: int, rng: np.random.Generator) -> Iterator[_R
         priority = obj.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise _fail(path, line, f"priority={priority!r} must be an integer")
-        yield _Row(None if t is None else float(t), prompt, n_out, priority)
+        deadline = obj.get("deadline_ms")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(
+                deadline, int | float) or not deadline > 0):
+            raise _fail(path, line, f"deadline_ms={deadline!r} must be a positive number")
+        client, tier = obj.get("client_id"), obj.get("slo_class")
+        yield _Row(None if t is None else float(t), prompt, n_out, priority,
+                   None if client is None else str(client), None if tier is None else str(tier),
+                   None if deadline is None else float(deadline))
 
 
 # ---- CSV traces ------------------------------------------------------------------------
@@ -230,6 +294,8 @@ def _csv(path: Path, fmt: str, vocab_size: int, rng: np.random.Generator,
             raise _fail(path, 1, f"missing column(s) {missing} for format={fmt}; found {header}")
         idx = [header.index(c) for c in cols]
         model_idx = header.index("Model") if "Model" in header else None
+        extra = {k: header.index(k) for k in ("client_id", "priority", "slo_class",
+                                              "deadline_ms") if k in header}
         for row in reader:
             line = reader.line_num
             if not any(c.strip() for c in row):
@@ -241,7 +307,26 @@ def _csv(path: Path, fmt: str, vocab_size: int, rng: np.random.Generator,
             t = _timestamp(row[idx[0]], path, line, cols[0])
             n_in = _count(row[idx[1]], path, line, cols[1])
             n_out = _count(row[idx[2]], path, line, cols[2])
-            yield _Row(t, random_tokens(rng, n_in, vocab_size), n_out)
+            yield _Row(t, random_tokens(rng, n_in, vocab_size), n_out,
+                       *_tenant_columns(row, extra, path, line))
+
+
+def _tenant_columns(row: list[str], extra: dict[str, int], path: Path,
+                    line: int) -> tuple[int, str | None, str | None, float | None]:
+    """(priority, client_id, slo_class, deadline_ms) from a CSV row's optional columns."""
+    def cell(k: str) -> str | None:
+        v = row[extra[k]].strip() if k in extra else ""
+        return v or None
+
+    prio, dl = cell("priority"), cell("deadline_ms")
+    try:
+        priority = 0 if prio is None else int(prio)
+        deadline = None if dl is None else float(dl)
+    except ValueError:
+        raise _fail(path, line, f"priority={prio!r} / deadline_ms={dl!r}: not numbers") from None
+    if deadline is not None and not deadline > 0:
+        raise _fail(path, line, f"deadline_ms={dl!r} must be a positive number")
+    return priority, cell("client_id"), cell("slo_class"), deadline
 
 
 def _count(value: str, path: Path, line: int, col: str) -> int:

@@ -10,13 +10,30 @@ into a list of `WorkloadRequest`s. Three kinds:
 - `trace`: a file (ShareGPT, Azure LLM inference trace, BurstGPT, JSONL), see
   `schedlab.runs.traces`.
 
+- `sessions`: multi-turn conversations (see `schedlab.runs.sessions`); a ShareGPT trace with
+  `sessions: true` replays its conversations the same way.
+
 Arrival times come from `arrival` (`offline`, `poisson`, `gamma`) or, for timestamped traces,
 from the file. The same spec and seed always give the same workload.
+
+Tenants and SLO tiers (any type):
+
+- `clients`: a list of `{id, weight | rate, count, priority, slo_class, input_len,
+  output_len}`. With weights, each request (each session) belongs to a client in proportion
+  to its weight; with rates (synthetic and shared_prefix only) every client sends its own
+  arrival process (`arrival.process` at the client's `rate`) and `num_requests` is split in
+  proportion to the rates, so every client spans about the same time. `count: k` expands to
+  k clients `id0 .. id{k-1}` alike. A client's `input_len` / `output_len` replace the
+  workload's for its requests; its `priority` / `slo_class` apply to all its requests.
+- `slo_classes`: a list of `{name, deadline_ms, weight, priority}`. A request without an SLO
+  class (from its client or its trace row) draws one by weight; a request with a class but no
+  `deadline_ms` takes the class's deadline (and its `priority`, when the class sets one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,17 +47,19 @@ from schedlab.runs.distributions import (
     arrival_times,
     get_int,
     get_key,
+    get_pos,
     random_tokens,
     sample_lengths,
     set_arrivals,
 )
+from schedlab.runs.sessions import build_sessions
 from schedlab.runs.traces import load_trace
 
 __all__ = ["TYPES", "DISTRIBUTIONS", "PROCESSES", "FIRST_TOKEN_ID", "WorkloadError",
            "WorkloadRequest", "arrival_times", "build_workload", "random_tokens",
            "sample_lengths"]
 
-TYPES = ("synthetic", "shared_prefix", "trace")
+TYPES = ("synthetic", "shared_prefix", "trace", "sessions")
 
 
 def build_workload(
@@ -73,20 +92,34 @@ def build_workload(
     if kind not in TYPES:
         raise WorkloadError(f"workload.type={kind!r}; accepted: {', '.join(TYPES)}")
     rng = np.random.default_rng(seed)
-    if kind == "trace":
-        reqs = load_trace(spec, vocab_size, rng)
+    clients = parse_clients(spec.get("clients"))
+    by_rate = bool(clients) and clients[0].rate is not None
+    if by_rate and kind not in ("synthetic", "shared_prefix"):
+        raise WorkloadError(f"workload.clients: per-client 'rate' needs type synthetic or "
+                            f"shared_prefix (type={kind} takes 'weight')")
+    if kind == "trace" or kind == "sessions":
+        reqs = (load_trace(spec, vocab_size, rng) if kind == "trace"
+                else build_sessions(spec, vocab_size, rng))
         arrival = spec.get("arrival")
         if arrival is not None and get_key(arrival, "process", "arrival", "offline") != "trace":
-            set_arrivals(reqs, arrival, rng)
-    else:
+            set_arrivals_by_unit(reqs, arrival, rng)
+        if clients:
+            _assign_clients(reqs, clients, rng)
+    elif clients:
         n = get_int(spec, "num_requests", minimum=1)
-        inputs = sample_lengths(spec.get("input_len"), n, rng, "input_len")
-        outputs = sample_lengths(spec.get("output_len"), n, rng, "output_len")
-        if kind == "synthetic":
-            prompts = [random_tokens(rng, int(k), vocab_size) for k in inputs]
-        else:
-            prompts = _shared_prefix_prompts(spec, inputs, vocab_size, rng)
-        reqs = [WorkloadRequest(p, int(o)) for p, o in zip(prompts, outputs, strict=True)]
+        reqs = []
+        for c, k in zip(clients, split_counts(n, [c.share for c in clients]), strict=True):
+            sub = _generate(kind, spec, k, vocab_size, rng, c.input_len, c.output_len)
+            for r in sub:
+                r.client_id = c.client_id
+            if by_rate:
+                set_arrivals(sub, {**(spec.get("arrival") or {}), "rate": c.rate}, rng)
+            reqs += sub
+        if not by_rate:
+            reqs = [reqs[i] for i in rng.permutation(len(reqs))]
+            set_arrivals(reqs, spec.get("arrival"), rng)
+    else:
+        reqs = _generate(kind, spec, get_int(spec, "num_requests", minimum=1), vocab_size, rng)
         set_arrivals(reqs, spec.get("arrival"), rng)
     oracle = spec.get("oracle_output_len", True)
     for r in reqs:
@@ -96,8 +129,182 @@ def build_workload(
         levels = get_int(spec, "priority_levels", minimum=1)
         for r, p in zip(reqs, rng.integers(0, levels, size=len(reqs)), strict=True):
             r.priority = int(p)
+    _apply_client_settings(reqs, clients)
+    _apply_slo_classes(reqs, parse_slo_classes(spec.get("slo_classes")), rng)
     order = sorted(range(len(reqs)), key=lambda i: (reqs[i].arrival_s, i))
     return [reqs[i] for i in order]
+
+
+def _generate(kind: str, spec: Mapping[str, Any], n: int, vocab_size: int,
+              rng: np.random.Generator, input_len: Any = None,
+              output_len: Any = None) -> list[WorkloadRequest]:
+    """`n` synthetic or shared-prefix requests (arrivals unset)."""
+    if n == 0:
+        return []
+    inputs = sample_lengths(input_len or spec.get("input_len"), n, rng, "input_len")
+    outputs = sample_lengths(output_len or spec.get("output_len"), n, rng, "output_len")
+    if kind == "synthetic":
+        prompts = [random_tokens(rng, int(k), vocab_size) for k in inputs]
+    else:
+        prompts = _shared_prefix_prompts(spec, inputs, vocab_size, rng)
+    return [WorkloadRequest(p, int(o)) for p, o in zip(prompts, outputs, strict=True)]
+
+
+# ---- tenants and SLO tiers -------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ClientSpec:
+    """One client of `workload.clients` (after `count` expansion)."""
+
+    client_id: str
+    share: float  # its weight, or its rate (req/s)
+    rate: float | None = None
+    priority: int | None = None
+    slo_class: str | None = None
+    input_len: Any = None
+    output_len: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class SLOClass:
+    """One tier of `workload.slo_classes`."""
+
+    name: str
+    deadline_ms: float | None
+    weight: float = 1.0
+    priority: int | None = None
+
+
+def parse_clients(value: Any) -> list[ClientSpec]:
+    """`workload.clients` as `ClientSpec`s ([] for null).
+
+    Raises:
+        WorkloadError: a malformed entry, or weights and rates mixed.
+    """
+    if value is None:
+        return []
+    if isinstance(value, Mapping) or not isinstance(value, Sequence) or isinstance(value, str):
+        raise WorkloadError(f"workload.clients={value!r} must be a list of mappings")
+    out: list[ClientSpec] = []
+    for i, c in enumerate(value):
+        key = f"clients[{i}]"
+        if not isinstance(c, Mapping) or c.get("id") in (None, ""):
+            raise WorkloadError(f"workload.{key}={c!r} must be a mapping with an 'id'")
+        if (c.get("rate") is None) == (c.get("weight") is None) and c.get("rate") is not None:
+            raise WorkloadError(f"workload.{key}: give 'weight' or 'rate', not both")
+        rate = None if c.get("rate") is None else get_pos(c, "rate", key)
+        share = rate if rate is not None else get_pos(c, "weight", key, 1.0)
+        count = c.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise WorkloadError(f"workload.{key}.count={count!r} must be an integer >= 1")
+        prio = c.get("priority")
+        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)):
+            raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer")
+        ids = [str(c["id"])] if count == 1 else [f"{c['id']}{j}" for j in range(count)]
+        for cid in ids:
+            out.append(ClientSpec(cid, share, rate, prio, c.get("slo_class"),
+                                  c.get("input_len"), c.get("output_len")))
+    if len({c.client_id for c in out}) != len(out):
+        raise WorkloadError("workload.clients: client ids must be unique")
+    if len({c.rate is None for c in out}) > 1:
+        raise WorkloadError("workload.clients: give every client a 'rate' or none (weights)")
+    return out
+
+
+def parse_slo_classes(value: Any) -> list[SLOClass]:
+    """`workload.slo_classes` as `SLOClass`es ([] for null).
+
+    Raises:
+        WorkloadError: a malformed entry.
+    """
+    if value is None:
+        return []
+    if isinstance(value, Mapping) or not isinstance(value, Sequence) or isinstance(value, str):
+        raise WorkloadError(f"workload.slo_classes={value!r} must be a list of mappings")
+    out = []
+    for i, c in enumerate(value):
+        key = f"slo_classes[{i}]"
+        if not isinstance(c, Mapping) or c.get("name") in (None, ""):
+            raise WorkloadError(f"workload.{key}={c!r} must be a mapping with a 'name'")
+        deadline = None if c.get("deadline_ms") is None else get_pos(c, "deadline_ms", key)
+        prio = c.get("priority")
+        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)):
+            raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer")
+        out.append(SLOClass(str(c["name"]), deadline, get_pos(c, "weight", key, 1.0), prio))
+    return out
+
+
+def split_counts(n: int, shares: Sequence[float]) -> list[int]:
+    """`n` split in proportion to `shares` (largest remainder; the counts sum to `n`)."""
+    total = float(sum(shares))
+    exact = [n * s / total for s in shares]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(shares)), key=lambda i: (counts[i] - exact[i], i))
+    for i in by_remainder[: n - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _units(reqs: list[WorkloadRequest]) -> list[list[WorkloadRequest]]:
+    """Requests grouped so a session's turns share one draw (client, class, arrival)."""
+    groups: dict[Any, list[WorkloadRequest]] = {}
+    for i, r in enumerate(reqs):
+        groups.setdefault(("s", r.session_id) if r.session_id is not None else ("r", i),
+                          []).append(r)
+    return list(groups.values())
+
+
+def set_arrivals_by_unit(reqs: list[WorkloadRequest], arrival: Any,
+                         rng: np.random.Generator) -> None:
+    """Arrival times per request, or per session (all its turns get the session's start)."""
+    units = _units(reqs)
+    starts = [WorkloadRequest([], 1) for _ in units]
+    set_arrivals(starts, arrival, rng)
+    for unit, s in zip(units, starts, strict=True):
+        for r in unit:
+            r.arrival_s = s.arrival_s
+
+
+def _assign_clients(reqs: list[WorkloadRequest], clients: list[ClientSpec],
+                    rng: np.random.Generator) -> None:
+    units = [u for u in _units(reqs) if u[0].client_id is None]
+    p = np.asarray([c.share for c in clients], dtype=float)
+    for unit, k in zip(units, rng.choice(len(clients), size=len(units), p=p / p.sum()),
+                       strict=True):
+        for r in unit:
+            r.client_id = clients[int(k)].client_id
+
+
+def _apply_client_settings(reqs: list[WorkloadRequest], clients: list[ClientSpec]) -> None:
+    by_id = {c.client_id: c for c in clients}
+    for r in reqs:
+        c = by_id.get(r.client_id) if r.client_id is not None else None
+        if c is None:
+            continue
+        if c.priority is not None:
+            r.priority = c.priority
+        if c.slo_class is not None and r.slo_class is None:
+            r.slo_class = str(c.slo_class)
+
+
+def _apply_slo_classes(reqs: list[WorkloadRequest], classes: list[SLOClass],
+                       rng: np.random.Generator) -> None:
+    if not classes:
+        return
+    by_name = {c.name: c for c in classes}
+    units = [u for u in _units(reqs) if u[0].slo_class is None]
+    p = np.asarray([c.weight for c in classes], dtype=float)
+    for unit, k in zip(units, rng.choice(len(classes), size=len(units), p=p / p.sum()),
+                       strict=True):
+        for r in unit:
+            r.slo_class = classes[int(k)].name
+    for r in reqs:
+        c = by_name.get(r.slo_class) if r.slo_class is not None else None
+        if c is None:
+            continue
+        if r.deadline_ms is None:
+            r.deadline_ms = c.deadline_ms
+        if c.priority is not None:
+            r.priority = c.priority
 
 def _shared_prefix_prompts(spec: Mapping[str, Any], suffix_lens: np.ndarray, vocab_size: int,
                            rng: np.random.Generator) -> list[list[int]]:
