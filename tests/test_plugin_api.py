@@ -157,6 +157,39 @@ def test_tokens_per_step_are_derived_from_the_plan(cls):
     assert eng.executor.plans[0].num_batched_tokens == 30
 
 
+class Squatter(Forgetful):
+    """Plans every request over the first request's blocks once two run."""
+
+    def schedule(self) -> SchedulerOutput:
+        out = super().schedule()
+        if len(out.scheduled) > 1:
+            out.scheduled[1].block_ids = out.scheduled[0].block_ids
+        return out
+
+
+class Sharer(Forgetful):
+    """Hands a running request another request's KV blocks (not through the prefix cache)."""
+
+    def schedule(self) -> SchedulerOutput:
+        alloc = self.kv.allocator
+        if self.running and self.waiting:  # the next admission starts on r0's first block
+            alloc.share(self.waiting.peek(), alloc.block_table(self.running[0])[:1])
+        return super().schedule()
+
+
+@pytest.mark.parametrize("cls,words", [
+    (Squatter, "with block table .* which is not the KV it holds"),
+    (Sharer, "is held by requests 'r0' and 'r1' but is not a prefix-cache block"),
+])
+def test_kv_ownership_is_checked_under_check_integrity(cls, words):
+    eng = _engine(scheduler=cls, max_model_len=32, max_num_batched_tokens=32)  # one prefill a step
+    for i in range(2):
+        eng.add_request(list(range(2 + i, 22 + i)), SamplingParams(max_tokens=4, ignore_eos=True),
+                        request_id=f"r{i}")
+    with pytest.raises(PluginContractError, match=words):
+        eng.run_until_done(check=True)
+
+
 def test_a_misspelled_plugin_group_key_is_refused():
     from hydra import compose, initialize_config_module
     from omegaconf import open_dict
