@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -175,6 +176,73 @@ def bench_decode(device: torch.device, dtype: torch.dtype, max_tokens: int) -> N
                   f"| {t_sdpa:.3f} | {gb / t_sdpa * 1e3:.0f} | {t_sdpa / t_tri:.2f} |")
 
 
+#: split counts and small batches `--sweep-splits` times (the shapes where the choice matters)
+SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
+SWEEP_BATCHES = (1, 2, 4, 8, 16, 32)
+#: tile choices `--sweep-prefill` times: (block_m, block_n, num_warps, num_stages)
+SWEEP_TILES = ((64, 64, None, None), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 2),
+               (128, 128, 8, 2), (64, 32, 4, 4))
+
+
+def sweep_splits(device: torch.device, dtype: torch.dtype, max_tokens: int) -> None:
+    """Decode time at every split count for small batches: the best against the default."""
+    from schedlab.kernels.decode_attention import default_num_splits, paged_decode
+
+    ms = timer(device)
+    print(f"\n### decode split-K sweep, {dtype} (ms at each split count; * = default)\n")
+    print("| batch | context | " + " | ".join(str(n) for n in SWEEP_SPLITS)
+          + " | best | default | default / best |")
+    print("|---:|---:|" + "---:|" * (len(SWEEP_SPLITS) + 3))
+    for ctx in CONTEXTS:
+        for batch in SWEEP_BATCHES:
+            if batch * ctx > max_tokens:
+                continue
+            k_cache, v_cache, tables, seq_lens = paged_inputs(
+                batch, ctx, KV_HEADS, HEAD_DIM, BLOCK_SIZE, dtype, device)
+            q = torch.randn(batch, HEADS, HEAD_DIM, dtype=dtype, device=device)
+            out = torch.empty_like(q)
+            scale = HEAD_DIM ** -0.5
+            run = partial(paged_decode, q, k_cache, v_cache, tables, seq_lens, scale, ctx,
+                          out=out)
+            times = {n: ms(partial(run, num_splits=n)) for n in SWEEP_SPLITS}
+            default = default_num_splits(batch * KV_HEADS, ctx, device)
+            t_def = ms(run)
+            best = min(times, key=times.get)
+            cells = " | ".join(f"{times[n]:.3f}" for n in SWEEP_SPLITS)
+            print(f"| {batch} | {ctx} | {cells} | {best} | {default}* {t_def:.3f} "
+                  f"| {t_def / times[best]:.2f} |")
+
+
+def sweep_prefill(device: torch.device, dtype: torch.dtype, max_tokens: int) -> None:
+    """Prefill time for each tile choice of `SWEEP_TILES`, against SDPA."""
+    from schedlab.kernels.prefill_attention import PrefillTiles, paged_prefill
+
+    ms = timer(device)
+    print(f"\n### prefill tile sweep, {dtype} (SDPA ms / triton ms for each tile choice)\n")
+    names = [f"m{m} n{n} w{w or '-'} s{st or '-'}" for m, n, w, st in SWEEP_TILES]
+    print("| batch | chunk | context | " + " | ".join(names) + " |")
+    print("|---:|---:|---:|" + "---:|" * len(names))
+    for batch, chunk, ctx in PREFILL:
+        if batch * ctx > max_tokens:
+            continue
+        _, t_sdpa = _time_prefill(ms, batch, chunk, ctx, dtype, device)
+        k_cache, v_cache, tables, seq_lens = paged_inputs(
+            batch, ctx, KV_HEADS, HEAD_DIM, BLOCK_SIZE, dtype, device)
+        q = torch.randn(batch * chunk, HEADS, HEAD_DIM, dtype=dtype, device=device)
+        qsl = torch.arange(0, batch * chunk + 1, chunk, dtype=torch.int32, device=device)
+        out = torch.empty_like(q)
+        cells = []
+        run = partial(paged_prefill, q, k_cache, v_cache, tables, seq_lens, qsl,
+                      HEAD_DIM ** -0.5, chunk, out=out)
+        for m, n, w, st in SWEEP_TILES:
+            try:
+                t = ms(partial(run, tiles=PrefillTiles(m, n, w, st)))
+                cells.append(f"{t_sdpa / t:.2f}")
+            except Exception as e:  # e.g. out of shared memory for this tile choice
+                cells.append(type(e).__name__)
+        print(f"| {batch} | {chunk} | {ctx} | " + " | ".join(cells) + " |")
+
+
 def bench_prefill(device: torch.device, dtype: torch.dtype, max_tokens: int) -> None:
     ms = timer(device)
     elem = torch.empty((), dtype=dtype).element_size()
@@ -200,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=1 << 21,
                         help="skip shapes whose batch x context exceeds this (memory, time)")
     parser.add_argument("--skip-prefill", action="store_true")
+    parser.add_argument("--sweep-splits", action="store_true",
+                        help="also time every decode split count at small batches")
+    parser.add_argument("--sweep-prefill", action="store_true",
+                        help="also time the prefill tile choices against SDPA")
     args = parser.parse_args(argv)
     dtypes = [DTYPES[d.strip()] for d in args.dtypes.split(",")]
 
@@ -220,8 +292,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for dtype in dtypes:
         bench_decode(device, dtype, args.max_tokens)
+        if args.sweep_splits:
+            sweep_splits(device, dtype, args.max_tokens)
         if not args.skip_prefill:
             bench_prefill(device, dtype, args.max_tokens)
+        if args.sweep_prefill:
+            sweep_prefill(device, dtype, args.max_tokens)
     return 0
 
 

@@ -10,6 +10,8 @@ One program handles `BLOCK_M` queries of one head of one sequence.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -78,6 +80,7 @@ def paged_prefill(
     scale: float,
     max_query_len: int,
     out: torch.Tensor | None = None,
+    tiles: PrefillTiles | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's chunk of queries over its paged context.
 
@@ -92,6 +95,8 @@ def paged_prefill(
         scale: softmax scale.
         max_query_len: host-side longest chunk, so the launcher needs no device sync.
         out: optional `[T, num_heads, head_dim]` output; only the sequences' rows are written.
+        tiles: tile sizes and launch options (None: `default_tiles`); `bench_attention
+            --sweep-prefill` times the alternatives on a GPU.
 
     Returns:
         `out`, in `query`'s dtype.
@@ -112,18 +117,42 @@ def paged_prefill(
     assert out.shape[0] == query.shape[0], "out and query have different row counts"
     if batch == 0 or max_query_len == 0:
         return out
-    # NOTE: fp32 tiles are halved so the pipelined K/V buffers fit in shared memory.
-    block_m = min(32 if k_cache.dtype == torch.float32 else 64, max(16, next_pow2(max_query_len)))
+    t = tiles or default_tiles(k_cache.dtype, max_query_len)
+    block_m = min(t.block_m, max(16, next_pow2(max_query_len)))
+    block_n = t.block_n or block_m
+    launch = {k: v for k, v in (("num_warps", t.num_warps), ("num_stages", t.num_stages))
+              if v is not None}
     grid = (batch, num_heads, triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
         query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_m, BLOCK_D=next_pow2(head_dim),
-        DOT_F32=dot_in_fp32(query.dtype, k_cache.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(head_dim),
+        DOT_F32=dot_in_fp32(query.dtype, k_cache.dtype), **launch,
     )
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTiles:
+    """Tile sizes and launch options of `paged_prefill` (None: Triton's default / `block_m`).
+
+    Args:
+        block_m: query rows per program (capped at the longest chunk, at least 16).
+        block_n: keys per tile (None: `block_m`).
+        num_warps, num_stages: Triton launch options.
+    """
+
+    block_m: int
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+
+def default_tiles(dtype: torch.dtype, max_query_len: int) -> PrefillTiles:
+    """64 x 64 tiles (32 x 32 for fp32, so the pipelined K/V buffers fit in shared memory)."""
+    return PrefillTiles(32 if dtype == torch.float32 else 64)
 
 
 def paged_prefill_ref(

@@ -6,7 +6,7 @@ import pytest
 import torch
 from paged_cases import assert_attention_close, attention_error, make_paged_case
 
-from schedlab.kernels.decode_attention import paged_decode, paged_decode_ref
+from schedlab.kernels.decode_attention import choose_num_splits, paged_decode, paged_decode_ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -123,3 +123,21 @@ def test_decode_checks_its_arguments(gen, device):
     with pytest.raises(AssertionError, match="heads over"):
         paged_decode(q[:, :3], case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
                      0.125, 5)
+
+
+def test_split_choice_fills_the_gpu_for_small_batches_only():
+    sms = 132  # an H200
+    # a full batch is never split; a 4-programs-per-SM batch neither
+    assert choose_num_splits(256 * 8, 4096, sms) == 1
+    assert choose_num_splits(4 * sms, 32768, sms) == 1
+    # batch 1 at 32k context: many splits of >= 128 tokens, more programs than SMs
+    one = choose_num_splits(8, 32768, sms)
+    assert one * 8 >= 4 * sms and 32768 // one >= 128
+    # shorter contexts never split below 128 tokens a part; nothing to split below that
+    assert choose_num_splits(8, 512, sms) == 4
+    assert choose_num_splits(8, 100, sms) == 1
+    # smaller batches and longer contexts get at least as many splits
+    for ctx in (1024, 8192, 32768):
+        counts = [choose_num_splits(b * 8, ctx, sms) for b in (1, 2, 4, 16, 32, 64)]
+        assert counts == sorted(counts, reverse=True)
+    assert choose_num_splits(8, 1 << 20, sms) <= 128

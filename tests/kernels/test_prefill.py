@@ -6,7 +6,7 @@ import pytest
 import torch
 from paged_cases import assert_attention_close, make_paged_case
 
-from schedlab.kernels.prefill_attention import paged_prefill, paged_prefill_ref
+from schedlab.kernels.prefill_attention import PrefillTiles, paged_prefill, paged_prefill_ref
 
 
 def _chunks(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, gen,
@@ -78,3 +78,15 @@ def test_prefill_checks_its_arguments(gen, device):
     with pytest.raises(AssertionError, match="disagree on the batch size"):
         paged_prefill(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
                       starts[:1], 0.125, 3)
+
+
+@pytest.mark.parametrize("tiles", [PrefillTiles(16, 32), PrefillTiles(32, 16, num_warps=8)],
+                         ids=["m16-n32", "m32-n16-w8"])
+def test_other_tile_shapes_give_the_same_output(tiles, gen, device):
+    """The tile choices `bench_attention --sweep-prefill` times on a GPU are all correct."""
+    query_lens, seq_lens = [40, 3], [57, 9]
+    case, q, starts = _chunks(query_lens, seq_lens, 4, 2, 64, 8, torch.float16, gen, device)
+    out = torch.full_like(q, float("nan"))
+    paged_prefill(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, starts,
+                  0.125, 40, out=out, tiles=tiles)
+    assert_attention_close(out, *_refs(case, q, starts, 0.125))
