@@ -23,6 +23,7 @@ import numpy as np
 
 from schedlab.request import Request, RequestStatus
 from schedlab.runs.driver import RunResult
+from schedlab.runs.groups import group_metrics
 from schedlab.stats import step_phase_metrics
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
@@ -118,6 +119,8 @@ def compute_metrics(
                          ("itl", pooled_itl), ("e2el", e2els), ("queue", queue)):
         m.update(_stats(name, values, percentiles))
     m.update(engine_metrics(run))
+    # per_client / per_slo_class / jain_fairness_index / service_timeline, when present
+    m.update(group_metrics(run.requests, dur, run.start_time, percentiles, slo))
     m.update(input_lens=input_lens, output_lens=output_lens, ttfts=ttfts, tpots=tpots,
              e2els=e2els, itls=itls,
              errors=[r.reject_reason or r.finish_reason for r in run.requests if not _completed(r)])

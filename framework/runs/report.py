@@ -26,6 +26,13 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("p99_tpot_ms", ".2f"), ("p99_itl_ms", ".2f"), ("mean_e2el_ms", ".1f"),
     ("mean_queue_ms", ".1f"), ("num_preemptions", "d"), ("prefix_cache_hit_rate", ".3f"),
     ("peak_kv_usage_pct", ".1f"), ("kv_waste_pct", ".1f"), ("mean_batch_size", ".2f"),
+    ("jain_fairness_index", ".3f"), ("deadline_attainment", ".3f"),
+)
+#: columns of the per-client and per-SLO-class tables (keys of results.json's `per_client`)
+GROUP_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("num_requests", "d"), ("completed", "d"), ("num_rejected", "d"), ("service", ".0f"),
+    ("request_throughput", ".2f"), ("request_goodput", ".2f"), ("deadline_attainment", ".3f"),
+    ("mean_ttft_ms", ".1f"), ("p99_ttft_ms", ".1f"), ("mean_tpot_ms", ".2f"),
 )
 #: config keys that differ between runs without being a swept parameter
 _IGNORED_SUFFIXES = ("output_dir", "run_dir", "out_dir")
@@ -139,13 +146,29 @@ def write_report(runs: Sequence[RunRecord], out: Path) -> tuple[list[Path], str]
                        "|" + "|".join("---" for _ in header) + "|",
                        *("| " + " | ".join(c) + " |" for c in cells)])
     md = out / "report.md"
-    md.write_text(f"# schedlab report\n\n{len(runs)} runs.\n\n{table}\n")
+    groups = "".join(f"\n## Per {title}\n\n{group_table(runs, key)}\n"
+                     for key, title in (("per_client", "client"), ("per_slo_class", "SLO class"))
+                     if any(r.metrics.get(key) for r in runs))
+    md.write_text(f"# schedlab report\n\n{len(runs)} runs.\n\n{table}\n{groups}")
     csv_path = out / "report.csv"
     with csv_path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(header)
         w.writerows([["" if v is None else v for v in row] for row in rows])
     return [md, csv_path, _tradeoff_plot(runs, out / "tradeoff.png")], table
+
+
+def group_table(runs: Sequence[RunRecord], key: str) -> str:
+    """A markdown table of each run's `per_client` or `per_slo_class` metrics (one row per
+    run and group)."""
+    cols = [c for c, _ in GROUP_COLUMNS]
+    fmts = dict(GROUP_COLUMNS)
+    lines = ["| run | group | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for r in sorted(runs, key=lambda r: r.name):
+        for name, g in (r.metrics.get(key) or {}).items():
+            cells = [_cell(g.get(c), fmts[c]) for c in cols]
+            lines.append(f"| {r.name} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _tradeoff_plot(runs: Sequence[RunRecord], path: Path) -> Path:
