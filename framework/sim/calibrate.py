@@ -21,7 +21,7 @@ import numpy as np
 from schedlab.config import DEFAULT_BLOCK_SIZE
 from schedlab.executor import Clock
 from schedlab.sim.costfit import PARAMS, FitResult, fit_profile
-from schedlab.sim.costmodel import StepShape
+from schedlab.sim.costmodel import StepShape, decode_pad_waste
 from schedlab.sim.hardware import probe_cpu
 
 #: (query lengths, cached tokens before them), one entry per sequence
@@ -91,7 +91,8 @@ def default_grid(max_len: int = 1024) -> list[Shape]:
 
 
 def shape_of(entry: Shape) -> StepShape:
-    return StepShape.from_lens(entry[0], entry[1])
+    # measured with the default (sdpa) backend: its decode padding, as it declares it
+    return StepShape.from_lens(entry[0], entry[1], pad_waste=decode_pad_waste("sdpa"))
 
 
 def measure_torch(model_dir: str, grid: Sequence[Shape], repeats: int = 5,

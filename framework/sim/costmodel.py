@@ -7,22 +7,31 @@ every layer pays two all-reduces of the step's activations.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from schedlab.attention import padded_decode_kv
 from schedlab.model import ModelSpec
 from schedlab.scheduler import SchedulerOutput
 from schedlab.sim.hardware import HardwareProfile
 
-#: decodes a padded backend attends together, longest context first (the SDPA reference
-#: backend's `DECODE_GROUP_SIZE`); each group reads K/V up to its own longest context
-PAD_GROUP = 8
 
+def decode_pad_waste(attention: str = "sdpa",
+                     options: Mapping[str, Any] | None = None) -> float | None:
+    """The decode padding the attention backend `attention` declares (its class attribute
+    `decode_pad_waste`, or the `decode_pad_waste` of its options), read through the registry:
+    None for a backend that reads each decode's own context only, or one not installed."""
+    from schedlab import registry
 
-def padded_decode_kv(contexts: Sequence[int], group: int = PAD_GROUP) -> int:
-    """K/V tokens read by decodes of `contexts` attended in groups of `group`, longest first."""
-    ctx = sorted(contexts, reverse=True)
-    return sum(ctx[i] * len(ctx[i : i + group]) for i in range(0, len(ctx), group))
+    try:
+        cls = registry.load("attention", attention)
+    except (registry.PluginError, ImportError):
+        return None
+    waste = getattr(cls, "decode_pad_waste", None)
+    if waste is not None and options and "decode_pad_waste" in options:
+        waste = float(options["decode_pad_waste"])
+    return waste
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +46,9 @@ class StepShape:
         attn_pairs: causal (query, key) pairs summed over sequences.
         kv_tokens: context tokens whose K/V is read, summed over sequences.
         num_swapped_blocks: KV blocks copied between host and device before the step.
-        padded_kv_tokens: `kv_tokens` when decodes are attended in groups of `PAD_GROUP`,
-            longest context first, each padded to its group's longest context (as the SDPA
-            reference backend gathers them).
+        padded_kv_tokens: `kv_tokens` when decodes are attended in padded groups, longest
+            context first, as `schedlab.attention.padded_decode_groups` cuts them with the
+            backend's `decode_pad_waste` (`kv_tokens` when none was given).
     """
 
     num_tokens: int
@@ -53,8 +62,10 @@ class StepShape:
 
     @classmethod
     def from_lens(cls, query_lens: Sequence[int], starts: Sequence[int],
-                  sampled: Sequence[bool] | None = None) -> StepShape:
-        """Sequences running `query_lens[i]` tokens after `starts[i]` cached ones."""
+                  sampled: Sequence[bool] | None = None,
+                  pad_waste: float | None = None) -> StepShape:
+        """Sequences running `query_lens[i]` tokens after `starts[i]` cached ones; decodes
+        padded as a backend with `decode_pad_waste=pad_waste` pads them (None: no padding)."""
         pairs = sum(q * s + q * (q + 1) // 2 for q, s in zip(query_lens, starts, strict=True))
         ctx = [q + s for q, s in zip(query_lens, starts, strict=True)]
         dec = [c for q, c in zip(query_lens, ctx, strict=True) if q == 1]
@@ -66,12 +77,14 @@ class StepShape:
             num_sampled=len(query_lens) if sampled is None else sum(map(bool, sampled)),
             attn_pairs=pairs,
             kv_tokens=kv,
-            padded_kv_tokens=kv - sum(dec) + padded_decode_kv(dec),
+            padded_kv_tokens=kv - sum(dec) + padded_decode_kv(dec, pad_waste),
         )
 
     @classmethod
-    def from_plan(cls, plan: SchedulerOutput, samples: list[bool] | None = None) -> StepShape:
-        """The plan's shape; `samples`, if given, receives whether each request samples."""
+    def from_plan(cls, plan: SchedulerOutput, samples: list[bool] | None = None,
+                  pad_waste: float | None = None) -> StepShape:
+        """The plan's shape; `samples`, if given, receives whether each request samples;
+        `pad_waste` as in `from_lens`."""
         tokens = prefills = sampled = pairs = kv = dec_kv = 0
         dec: list[int] = []
         for sr in plan.scheduled:
@@ -90,7 +103,8 @@ class StepShape:
             if samples is not None:
                 samples.append(done)
         return cls(tokens, len(plan.scheduled), prefills, sampled, pairs, kv,
-                   len(plan.swap_in) + len(plan.swap_out), kv - dec_kv + padded_decode_kv(dec))
+                   len(plan.swap_in) + len(plan.swap_out),
+                   kv - dec_kv + padded_decode_kv(dec, pad_waste))
 
 
 @dataclass(frozen=True, slots=True)

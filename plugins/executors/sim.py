@@ -9,7 +9,7 @@ from schedlab.config import ConfigError, EngineConfig
 from schedlab.executor import Executor, ExecutorOutput, VirtualClock
 from schedlab.model import resolve_dtype
 from schedlab.scheduler import SchedulerOutput
-from schedlab.sim.costmodel import CostModel, StepShape
+from schedlab.sim.costmodel import CostModel, StepShape, decode_pad_waste
 from schedlab.sim.hardware import HardwareProfile, resolve_hardware, with_overrides
 from schedlab.sim.model_presets import ModelPreset, resolve_model
 
@@ -50,6 +50,10 @@ class SimExecutor(Executor):
         except (ValueError, FileNotFoundError) as e:
             raise ConfigError(f"executor=sim: {e}") from None
         self.model_spec = self.preset.spec
+        #: decode padding charged by a profile measured on a padded backend: as much as the
+        #: configured attention backend declares (`AttentionBackend.decode_pad_waste`)
+        self.pad_waste = (decode_pad_waste(config.attention, config.attention_options)
+                          if self.hardware.padded_decode_attention else None)
         self.tp = tp
         self.clock = VirtualClock()
         self.block_size = config.block_size
@@ -88,7 +92,8 @@ class SimExecutor(Executor):
 
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
         samples: list[bool] = []
-        dt = self.cost_model.step_time(StepShape.from_plan(plan, samples), self.block_size)
+        shape = StepShape.from_plan(plan, samples, self.pad_waste)
+        dt = self.cost_model.step_time(shape, self.block_size)
         self.clock.advance(dt)
         tok = self.placeholder
         sampled: list[int | None] = [tok if s else None for s in samples]
