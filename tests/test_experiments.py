@@ -38,6 +38,7 @@ REDUCED: dict[str, tuple[list[str], int]] = {
                         "{pct:90,prefix:58,suffix:6}", "workload.output_len.min=4",
                         "workload.output_len.max=8"], 6),
     "latency_throughput": (["workload.num_requests=16", "workload.arrival.rate=16,64"], 4),
+    "disaggregation": (["workload.num_requests=8", "workload.arrival.rate=8,32"], 6),
 }
 #: columns every experiment's table must have (beyond the spec's own labels)
 EXPECTED = {
@@ -49,6 +50,8 @@ EXPECTED = {
     "prefix_caching": ["prefix cache", "shared %", "hit rate", "mean TTFT (ms)"],
     "latency_throughput": ["max concurrency", "rate (req/s)", "p99 TTFT (ms)", "p99 TPOT (ms)",
                            "output tok/s"],
+    "disaggregation": ["layout", "rate (req/s)", "attain. SLO 1", "p90 TTFT (ms)",
+                       "p90 TPOT (ms)"],
 }
 
 
@@ -130,6 +133,9 @@ def _fake_runs(root: Path, name: str) -> int:
                            for c in ("none", "radix") for p in (0, 90)],
         "latency_throughput": [{"driver": {"max_concurrency": c}, "workload": {
             "arrival": {"rate": r}}} for c in (None, 8) for r in (2, 8, 32)],
+        "disaggregation": [{"exp": {"layout": v, "slos": [[30, 8], [15, 20]]},
+                            "workload": {"arrival": {"rate": r}}}
+                           for v in ("colocated", "disaggregated") for r in (2, 8)],
     }
     n = 0
     for i, point in enumerate(grids[name]):
@@ -145,7 +151,9 @@ def _fake_runs(root: Path, name: str) -> int:
                 p99_ttft_ms=3 * lat, mean_ttft_ms=2 * lat, median_tpot_ms=5.0 + seed,
                 p99_tpot_ms=9.0 + i, median_itl_ms=5.0, p99_itl_ms=10.0 * (1 + i) * rate,
                 num_kv_blocks=64, mean_kv_used_tokens=200.0 + i, mean_kv_reserved_tokens=900.0,
-                kv_waste_pct=50.0, output_lens=[4, 8, 16 + seed], e2els=[0.1, 0.2, 0.3])
+                kv_waste_pct=50.0, output_lens=[4, 8, 16 + seed], e2els=[0.1, 0.2, 0.3],
+                p90_ttft_ms=2 * lat, p90_tpot_ms=7.0 + i, completed=3, num_failed=0,
+                ttfts=[lat / 1000, 0.02, 0.04], tpots=[0.005, 0.01 * (1 + i), None])
             config = {"seed": seed, "engine": {"seed": seed, "block_size": 16},
                       "exp": {"name": name, "mode": "sim", "slo_tbt_ms": [100],
                               "slo_median_ttft_ms": 2000, "focus_rate": 8},

@@ -70,6 +70,11 @@ def _label(runs: Sequence, k: int) -> str:
     return f"TTFT <= {slos[k][0]:g} ms & TPOT <= {slos[k][1]:g} ms"
 
 
+def _ms(row: Any, key: str, fmt: str = ".0f") -> str:
+    v = row.get(key)
+    return "-" if v is None else f"{v:{fmt}} ms"
+
+
 def disagg_notes(rows: list, runs: Sequence) -> list[str]:
     target = float(config_value(runs, "exp.attainment", 0.9))
     layouts = values(rows, LAYOUT)
@@ -93,10 +98,10 @@ def disagg_notes(rows: list, runs: Sequence) -> list[str]:
         for v in layouts:
             r = find(rows, {LAYOUT: v, RATE: focus})
             if r is not None:
-                out.append(f"at {focus} req/s, {v}: median TTFT {r.get('median_ttft_ms'):.0f} "
-                           f"ms, p90 TTFT {r.get('p90_ttft_ms'):.0f} ms, median TPOT "
-                           f"{r.get('median_tpot_ms'):.1f} ms, p90 TPOT "
-                           f"{r.get('p90_tpot_ms'):.1f} ms")
+                out.append(f"at {focus} req/s, {v}: median TTFT {_ms(r, 'median_ttft_ms')}, "
+                           f"p90 TTFT {_ms(r, 'p90_ttft_ms')}, median TPOT "
+                           f"{_ms(r, 'median_tpot_ms', '.1f')}, p90 TPOT "
+                           f"{_ms(r, 'p90_tpot_ms', '.1f')}")
     return out
 
 
