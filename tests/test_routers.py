@@ -150,3 +150,15 @@ def test_a_router_class_is_accepted_and_a_bad_index_is_named():
 def test_unknown_router_lists_the_installed():
     with pytest.raises(registry.PluginError, match="installed: least_loaded, prefix_aware"):
         _cluster("nope", num_instances=2)
+
+
+def test_every_builtin_router_has_a_config():
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    conf = Path(__file__).resolve().parents[1] / "conf" / "router"
+    for name in ROUTERS:
+        cfg = OmegaConf.load(conf / f"{name}.yaml")
+        assert cfg.name == name
+        registry.load("router", name)(**cfg.options)  # its options are accepted
