@@ -103,6 +103,21 @@ def test_completion_from_text_not_streamed(client, llm):
     assert r.usage.completion_tokens == 6 and r.usage.total_tokens == r.usage.prompt_tokens + 6
 
 
+def test_stop_token_id_ends_the_request(client, llm):
+    from schedlab.request import SamplingParams
+
+    prompt = [9, 8, 7]
+    ids = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8,
+                                                ignore_eos=True))[0].outputs[0].token_ids
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True, "stop_token_ids": [ids[2]]})
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens == ids.index(ids[2]) + 1
+    with pytest.raises(openai.BadRequestError, match="stop_token_ids"):
+        client.completions.create(model=MODEL, prompt=[9], max_tokens=2,
+                                  extra_body={"stop_token_ids": "x"})
+
+
 def test_seeded_sampling_repeats(client):
     kw = dict(model=MODEL, prompt=[7, 8, 9], max_tokens=10, temperature=0.9, top_p=0.9,
               seed=1234, extra_body={"top_k": 50, "ignore_eos": True})
@@ -375,6 +390,18 @@ def test_drain_finishes_or_aborts_in_flight_then_stops(llama_dir, drain_timeout,
 
 
 # ---- the command: SIGTERM / SIGINT drain ----------------------------------------------------
+def test_command_line_errors_are_one_line(capsys):
+    from schedlab.cli import main
+
+    assert main(["serve", "--help"]) == 0
+    assert "--max-waiting" in capsys.readouterr().out
+    assert main(["serve", "--port", "http"]) == 2
+    assert "--port" in capsys.readouterr().err
+    assert main(["serve", "scheduler=nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("schedlab: error: scheduler='nope'") and "continuous" in err
+
+
 def _start_cli(llama_dir: str, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "schedlab.cli", "serve", "--port", "0", *args, "model=path",

@@ -161,7 +161,8 @@ def _sampling(state: ServeState, body: Any, num_prompt: int,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=0 if body.top_k is None else body.top_k,
-            max_tokens=max_tokens, seed=body.seed, ignore_eos=body.ignore_eos)
+            max_tokens=max_tokens, seed=body.seed, ignore_eos=body.ignore_eos,
+            stop_token_ids=body.stop_token_ids or [])
     except ValueError as e:
         raise BadRequest(str(e), str(e).split(" ", 1)[0]) from None
 

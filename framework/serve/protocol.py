@@ -22,7 +22,8 @@ class StreamOptions(BaseModel):
 
 
 class _Sampling(BaseModel):
-    """The fields both endpoints share (OpenAI's names, plus vLLM's `top_k` and `ignore_eos`)."""
+    """The fields both endpoints share (OpenAI's names, plus vLLM's `top_k`, `ignore_eos` and
+    `stop_token_ids`)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -35,6 +36,7 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
     n: int = 1
     logprobs: Any = None
     best_of: int | None = None
