@@ -39,6 +39,7 @@ REDUCED: dict[str, tuple[list[str], int]] = {
                         "workload.output_len.max=8"], 6),
     "latency_throughput": (["workload.num_requests=16", "workload.arrival.rate=16,64"], 4),
     "disaggregation": (["workload.num_requests=8", "workload.arrival.rate=8,32"], 6),
+    "fairness": (["workload.num_requests=16", "queue=fcfs,vtc"], 2),
 }
 #: columns every experiment's table must have (beyond the spec's own labels)
 EXPECTED = {
@@ -52,6 +53,7 @@ EXPECTED = {
                            "output tok/s"],
     "disaggregation": ["layout", "rate (req/s)", "attain. SLO 1", "p90 TTFT (ms)",
                        "p90 TPOT (ms)"],
+    "fairness": ["policy", "light mean TTFT (ms)", "heavy mean TTFT (ms)", "Jain, 1st half"],
 }
 
 
@@ -136,6 +138,7 @@ def _fake_runs(root: Path, name: str) -> int:
         "disaggregation": [{"exp": {"layout": v, "slos": [[30, 8], [15, 20]]},
                             "workload": {"arrival": {"rate": r}}}
                            for v in ("colocated", "disaggregated") for r in (2, 8)],
+        "fairness": [{"queue": {"name": q}} for q in ("fcfs", "vtc")],
     }
     n = 0
     for i, point in enumerate(grids[name]):
@@ -158,6 +161,14 @@ def _fake_runs(root: Path, name: str) -> int:
                       "exp": {"name": name, "mode": "sim", "slo_tbt_ms": [100],
                               "slo_median_ttft_ms": 2000, "focus_rate": 8},
                       "model": {"name": "fake"}, "workload": {"num_requests": 3}}
+            if name == "fairness":  # per-client metrics, as results.json has them
+                metrics.update(num_rejected=0, per_client={c: {
+                    "num_requests": 4, "num_rejected": i, "mean_ttft_ms": lat * (1 + k),
+                    "p99_ttft_ms": 3 * lat * (1 + k)} for k, c in enumerate(("heavy", "light0",
+                                                                             "light1"))},
+                    service_timeline={"t_s": [1.0, 2.0, 3.0, 4.0], "clients": {
+                        "heavy": [9.0 - i, 9.0, 1.0, 0.0], "light0": [3.0, 2.0 + i, 3.0, 0.0],
+                        "light1": [2.0 + seed, 3.0, 0.0, 0.0]}})
             _merge(config, point)
             write_results(root / f"{n}", metrics, config)
             n += 1

@@ -86,9 +86,11 @@ def fairness_notes(rows: list, runs: Sequence) -> list[str]:
         out.append(f"output throughput VTC / FCFS: "
                    f"{paired_ratio(vtc, fcfs, 'output_throughput')} (VTC is work-conserving: "
                    "it reorders, it does not hold back)")
-        out.append(f"heavy client's share of first-half service: FCFS "
-                   f"{fcfs.get('heavy_share_pct'):.0f}%, VTC {vtc.get('heavy_share_pct'):.0f}%")
-    if rl is not None and vtc is not None:
+        if fcfs.get("heavy_share_pct") is not None and vtc.get("heavy_share_pct") is not None:
+            out.append(f"heavy client's share of first-half service: FCFS "
+                       f"{fcfs.get('heavy_share_pct'):.0f}%, VTC "
+                       f"{vtc.get('heavy_share_pct'):.0f}%")
+    if rl is not None and vtc is not None and rl.get("heavy_rejected_pct") is not None:
         out.append(f"rate limit: {rl.get('heavy_rejected_pct'):.0f}% of the heavy client's "
                    f"requests rejected; output throughput rate limit / VTC "
                    f"{paired_ratio(rl, vtc, 'output_throughput')}; light mean TTFT "
