@@ -72,10 +72,6 @@ class _BenchArgs:
     timeout_s: float
 
 
-#: the parsed --options of the command being run (read by the Hydra task functions)
-_PENDING: list[Any] = []
-
-
 def serve_main(argv: Sequence[str]) -> int:
     """`schedlab serve [--options] [overrides]`. Returns the exit status (0 after a drain)."""
     from schedlab.serve.server import ServerOptions
@@ -175,12 +171,15 @@ def _hydra(task, prog: str, overrides: list[str], options: Any) -> int:
     if message is not None:
         print(f"schedlab: error: {message}", file=sys.stderr)
         return 2
+    @hydra.main(version_base="1.3", config_path=CONFIG_PACKAGE, config_name="config")
+    def job(cfg: DictConfig) -> None:
+        task(cfg, options)
+
     FAILURES.clear()
-    _PENDING[:] = [options]
     saved = sys.argv
     sys.argv = [prog, *overrides]
     try:
-        task()
+        job()
     finally:
         sys.argv = saved
     return 2 if FAILURES else 0
@@ -193,15 +192,14 @@ def _report(e: Exception) -> None:
 
 
 # ---- the Hydra task functions --------------------------------------------------------------
-@hydra.main(version_base="1.3", config_path=CONFIG_PACKAGE, config_name="config")
-def _serve_task(cfg: DictConfig) -> None:
+def _serve_task(cfg: DictConfig, opts) -> None:
+    """One Hydra job of `schedlab serve`: build the engine, serve until drained."""
     from schedlab.serve.server import Server
 
     try:
         s = build_settings(cfg)
         seed_everything(s.seed)
         s.model.prepare()
-        opts = _PENDING[0]
         opts = replace(opts, model_name=opts.model_name or s.model.name)
         try:
             server = Server(s.engine, opts)
@@ -220,12 +218,12 @@ def _serve_task(cfg: DictConfig) -> None:
     server.run()
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_PACKAGE, config_name="config")
-def _bench_task(cfg: DictConfig) -> None:
+def _bench_task(cfg: DictConfig, args: _BenchArgs) -> None:
+    """One Hydra job of `schedlab bench serve`."""
     from schedlab.serve.bench import BenchError
 
     try:
-        _bench(build_settings(cfg), _PENDING[0])
+        _bench(build_settings(cfg), args)
     except (*user_errors(), BenchError) as e:
         _report(e)
 
