@@ -141,9 +141,9 @@ class Cluster:
             t_transfer = self._transfers[0][0] if self._transfers else float("inf")
             if t_arrival <= t_busy and t_arrival <= t_transfer and pos < len(order):
                 k = order[pos]
-                submitted[k] = self._route(k, workload[k], temperature, ignore_eos)
+                inst, submitted[k] = self._route(k, workload[k], temperature, ignore_eos)
                 pos += 1
-                self._collect(self.entry[self._last_routed])
+                self._collect(inst)
                 continue
             if self._transfers and t_transfer <= t_busy:
                 _, _, t = heapq.heappop(self._transfers)
@@ -172,7 +172,7 @@ class Cluster:
         return self._result([r for r in submitted if r is not None])
 
     def _route(self, k: int, w: WorkloadRequest, temperature: float,
-               ignore_eos: bool) -> Request:
+               ignore_eos: bool) -> tuple[Instance, Request]:
         params = SamplingParams(temperature=temperature, max_tokens=w.max_tokens,
                                 ignore_eos=ignore_eos)
         probe = Request(request_id=str(k), prompt_token_ids=list(w.prompt_token_ids),
@@ -191,8 +191,7 @@ class Cluster:
                        client_id=w.client_id, deadline_ms=w.deadline_ms,
                        slo_class=w.slo_class)
         self.router.on_routed(req, j)
-        self._last_routed = j
-        return req
+        return inst, req
 
     def _checked(self, router: Router, j: object, n: int) -> int:
         if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < n:
