@@ -244,12 +244,13 @@ def accepted_options(kind: str, cls: type) -> tuple[list[str], bool]:
     base = interface(kind)
     num_positional = len(POSITIONAL.get(kind, ()))
     names: list[str] = []
+    passed_on = False  # a subclass took `**kwargs`: perhaps to read them itself
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
         if klass is object:
-            return names, False
+            return names, passed_on
         try:
             params = list(inspect.signature(init).parameters.values())[1:]  # drop self
         except (TypeError, ValueError):
@@ -264,9 +265,12 @@ def accepted_options(kind: str, cls: type) -> tuple[list[str], bool]:
                 positional += 1
             elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names:
                 names.append(p.name)
-        if not var_keyword or klass is base:
-            # NOTE: the interfaces' own `**options` exist only to refuse options
+        if klass is base and var_keyword:
+            # NOTE: the interfaces' own `**options` (queue, prefix cache) only refuse options
             return names, False
+        if not var_keyword:
+            return names, passed_on
+        passed_on = True
     return names, True
 
 

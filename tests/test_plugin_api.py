@@ -273,6 +273,19 @@ def test_option_errors_name_the_option_and_the_accepted_ones():
         _engine(kv_allocator="contiguous", kv_allocator_options={"reserv": "request"})
 
 
+class KwargsScheduler(Forgetful):
+    """Reads its own **options (as the sim executor reads hardware overrides)."""
+
+    def __init__(self, config, kv, queue, **options) -> None:
+        super().__init__(config, kv, queue)
+        self.options = options
+
+
+def test_a_constructor_reading_its_own_kwargs_takes_any_option():
+    eng = _engine(scheduler=KwargsScheduler, scheduler_options={"anything": 1})
+    assert eng.scheduler.options == {"anything": 1}
+
+
 def _fake_dist(root: Path, dist: str, group: str, entries: dict[str, str]) -> None:
     info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
     info.mkdir(parents=True)
