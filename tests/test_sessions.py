@@ -96,3 +96,9 @@ def test_sharegpt_conversations_replayed_as_sessions(tmp_path):
         w[0].prompt_token_ids
     with pytest.raises(WorkloadError, match="sharegpt"):
         build_workload({**spec, "format": "jsonl"}, 1000, seed=0)
+
+
+def test_num_requests_caps_the_turns_session_by_session():
+    w = build_workload({**SESSIONS, "num_requests": 5}, 100, seed=0)
+    assert [(r.session_id, r.turn) for r in w] == [("s0", 0), ("s0", 1), ("s0", 2), ("s1", 0),
+                                                  ("s1", 1)]

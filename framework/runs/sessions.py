@@ -36,7 +36,8 @@ def build_sessions(spec: Mapping[str, Any], vocab_size: int,
             of each new user message), `first_input_len` (turn 0's message, e.g. a system
             prompt plus question; default `input_len`), `output_len` (answer tokens per turn),
             `think_time_s` (seconds between an answer and the next message: a number or
-            `{dist: fixed | uniform | exponential, ...}`).
+            `{dist: fixed | uniform | exponential, ...}`), `num_requests` (null, or keep only
+            the first N turns, session by session).
         vocab_size: the model's vocabulary.
         rng: seeds every draw.
 
@@ -61,6 +62,12 @@ def build_sessions(spec: Mapping[str, Any], vocab_size: int,
                          float(thinks[k])))
             k += 1
         out += session_requests(f"s{s}", msgs)
+    cap = spec.get("num_requests")
+    if cap is not None:
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise WorkloadError(f"workload.num_requests={cap!r} must be a positive integer or "
+                                "null")
+        out = out[:cap]
     return out
 
 
