@@ -92,6 +92,12 @@ def _dist(ep: EntryPoint) -> str:
     return ep.dist.name if ep.dist is not None else "unknown distribution"
 
 
+def all_groups() -> dict[str, str]:
+    """Every plugin kind -> its entry-point group: the engine's (`GROUPS`) and the cluster
+    layer's (`CLUSTER_GROUPS`)."""
+    return {**GROUPS, **CLUSTER_GROUPS}
+
+
 def _group(kind: str) -> str:
     group = GROUPS.get(kind) or CLUSTER_GROUPS.get(kind)
     if group is None:

@@ -41,7 +41,7 @@ def main(args: Sequence[str]) -> int:
 def list_plugins() -> int:
     """Every interface's declared plugins, without importing them; a name declared twice is
     listed with each of its entry points and flagged."""
-    for kind, group in registry.GROUPS.items():
+    for kind, group in registry.all_groups().items():
         print(f"{kind} ({group}):")
         clashing = registry.clashes(kind)
         for e in registry.entries(kind):
@@ -56,7 +56,7 @@ def check(targets: list[tuple[str, str]], clashes: bool = False) -> int:
 
     failed = num_clashes = 0
     if clashes:
-        for kind in registry.GROUPS:
+        for kind in registry.all_groups():
             for name, es in registry.clashes(kind).items():
                 num_clashes += 1
                 print(f"{kind} {name!r}\n  FAIL  load: declared by "

@@ -37,15 +37,15 @@ def parse_target(text: str) -> tuple[str, str]:
     if not sep or not kind or not name:
         raise ValueError(f"{text!r} is not KIND=NAME (e.g. scheduler=my_policy or "
                          "queue=my_module:MyQueue)")
-    if kind not in registry.GROUPS:
+    if kind not in registry.all_groups():
         raise ValueError(f"{text!r}: unknown plugin kind {kind!r}; kinds: "
-                         f"{', '.join(registry.GROUPS)}")
+                         f"{', '.join(registry.all_groups())}")
     return kind, name
 
 
 def all_targets() -> list[tuple[str, str]]:
     """Every installed plugin as (kind, name)."""
-    return [(kind, name) for kind in registry.GROUPS for name in registry.available(kind)]
+    return [(kind, name) for kind in registry.all_groups() for name in registry.available(kind)]
 
 
 def _why(exc: BaseException) -> str:
@@ -105,14 +105,14 @@ def check_plugin(kind: str, spec: str | type, options: dict[str, Any] | None = N
             if kind != "attention":
                 add("contract", False, _why(e))
                 return out
-            add("contract", None, f"skipped: {e}")  # not available on this machine
+            add("contract", None, f"not available here: {e}")
         except Exception as e:  # noqa: BLE001
             add("contract", False, _why(e))
             return out
         else:
             add("contract", True, f"the {kind} contract holds")
     if kind not in RUN_KINDS:
-        add("engine runs", None, "skipped: runs need a model for this interface")
+        add("engine runs", None, f"none for {kind} plugins (the checks above only)")
         return out
     steps = preemptions = runs = 0
     for setting in SETTINGS:
