@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from schedlab.runs.bootstrap import METHODS, STATISTICS, Interval, bootstrap_ci, min_pairs
-from schedlab.runs.report import COLUMNS, RunRecord, find_runs, swept_parameters
+from schedlab.runs.report import COLUMNS, ReportError, RunRecord, find_runs, swept_parameters
 
 #: config keys that hold a run's seed, in the order they are tried for pairing
 SEED_KEYS = ("seed", "engine.seed")
@@ -145,8 +145,6 @@ def load_runs(root: Path) -> list[RunRecord]:
     Raises:
         CompareError: `root` is not a directory or holds no readable results.json.
     """
-    from schedlab.runs.report import ReportError
-
     try:
         return find_runs(Path(root))
     except ReportError as e:
