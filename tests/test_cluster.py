@@ -215,3 +215,21 @@ def test_bad_cluster_options_fail_before_any_work(tmp_path, override, msg):
 
     with pytest.raises((ConfigError, PluginError), match=msg):
         _settings(tmp_path, "cluster=replicas", override)
+
+
+@pytest.mark.parametrize("timer", ["wall", "cpu"])
+def test_instance_clock_counts_only_its_own_steps(timer):
+    from schedlab.cluster.clock import InstanceClock
+
+    c = InstanceClock(timer)
+    c.resume()
+    sum(i * i for i in range(200_000))  # some work while "stepping"
+    c.pause()
+    t = c.now()
+    assert t > 0
+    sum(i * i for i in range(200_000))  # another instance's step: not counted
+    assert c.now() == t
+    c.sleep_until(t + 5.0)
+    assert c.now() == t + 5.0
+    with pytest.raises(ConfigError, match="cluster.clock"):
+        ClusterConfig(clock="gpu")

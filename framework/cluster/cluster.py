@@ -111,7 +111,8 @@ class Cluster:
                                  for _ in roles[1:]]
         else:  # real executors: each instance counts only its own steps
             del first
-            engines = [Engine(self.engine_config, executor_cls, clock=InstanceClock())
+            engines = [Engine(self.engine_config, executor_cls,
+                              clock=InstanceClock(self.config.clock))
                        for _ in roles]
         return [Instance(i, e, r) for i, (e, r) in enumerate(zip(engines, roles, strict=True))]
 

@@ -29,6 +29,8 @@ class ClusterConfig:
         link_bandwidth: KV transfer bandwidth between a prefill and a decode instance, in
             bytes per second (`"25GB"` = 25e9 B/s).
         link_latency: seconds added to every KV transfer.
+        clock: how real executors' steps are timed: `"wall"` or `"cpu"` (this thread's CPU
+            time, for a shared machine with torch on one thread); the simulator ignores it.
 
     Raises:
         ConfigError: a value is out of range or the instance counts disagree.
@@ -41,6 +43,7 @@ class ClusterConfig:
     router_options: dict[str, Any] = field(default_factory=dict)
     link_bandwidth: int | float | str = DEFAULT_LINK_BANDWIDTH
     link_latency: float = DEFAULT_LINK_LATENCY
+    clock: str = "wall"
 
     def __post_init__(self) -> None:
         def count(key: str, minimum: int) -> int:
@@ -69,6 +72,8 @@ class ClusterConfig:
         if isinstance(lat, bool) or not isinstance(lat, int | float) or not (
                 math.isfinite(lat) and lat >= 0):
             raise ConfigError(f"cluster.link_latency={lat!r} must be a number of seconds >= 0")
+        if self.clock not in ("wall", "cpu"):
+            raise ConfigError(f"cluster.clock={self.clock!r}; accepted: wall, cpu")
         if not isinstance(self.router_options, dict):
             raise ConfigError(f"cluster.router_options={self.router_options!r} must be a mapping")
 
@@ -95,7 +100,7 @@ class ClusterConfig:
 
 #: the keys of the `cluster` config group (besides `name`)
 CLUSTER_KEYS = ("num_instances", "prefill_instances", "decode_instances", "link_bandwidth",
-                "link_latency")
+                "link_latency", "clock")
 
 
 def cluster_from_config(cluster: Mapping[str, Any] | None,
