@@ -1,13 +1,34 @@
 """The cluster layer: N engine instances on one virtual clock behind a router, optionally
-split into prefill and decode pools with KV transfer between them."""
+split into prefill and decode pools with KV transfer between them.
+
+NOTE: names are imported on first use, so that the command line can read `ClusterConfig`
+without importing the engine (and torch).
+"""
 
 from __future__ import annotations
 
-from schedlab.cluster.cluster import Cluster, ClusterRunResult, build_router
-from schedlab.cluster.config import ClusterConfig
-from schedlab.cluster.instance import Instance, InstanceSummary, Role
-from schedlab.cluster.router import InstanceLoad, Router
-from schedlab.cluster.transfer import KVTransfer
+import importlib
+from typing import Any
 
-__all__ = ["Cluster", "ClusterConfig", "ClusterRunResult", "Instance", "InstanceLoad",
-           "InstanceSummary", "KVTransfer", "Role", "Router", "build_router"]
+#: public name -> the module that defines it
+_EXPORTS = {
+    "Cluster": "schedlab.cluster.cluster",
+    "ClusterRunResult": "schedlab.cluster.cluster",
+    "build_router": "schedlab.cluster.cluster",
+    "ClusterConfig": "schedlab.cluster.config",
+    "Instance": "schedlab.cluster.instance",
+    "InstanceSummary": "schedlab.cluster.instance",
+    "Role": "schedlab.cluster.instance",
+    "InstanceLoad": "schedlab.cluster.router",
+    "Router": "schedlab.cluster.router",
+    "KVTransfer": "schedlab.cluster.transfer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'schedlab.cluster' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
