@@ -31,8 +31,10 @@ class InstanceSummary:
 
     index: int
     role: str
+    #: requests routed here on arrival (a decode instance receives transfers instead)
     num_routed: int
     num_steps: int
+    #: time on the instance's clock spent in steps (its clock's share of the run)
     busy_time_s: float
     num_preemptions: int
     num_swaps: int
@@ -69,6 +71,7 @@ class Instance:
         self.num_transfers_out = 0
         self.transfer_bytes_out = 0
         self._transfer_time_sum = 0.0
+        self._busy_time = 0.0
 
     # ---- queries (no state change) -------------------------------------------------------
     def now(self) -> float:
@@ -126,11 +129,13 @@ class Instance:
         timed = isinstance(clock, InstanceClock)
         if timed:
             clock.resume()
+        t0 = clock.now()
         try:
             self.engine.step()
         finally:
             if timed:
                 clock.pause()
+            self._busy_time += clock.now() - t0
 
     def receive(self, transfer: KVTransfer) -> None:
         """A transfer's KV has arrived here: queue it for a seat. Changes state."""
@@ -190,7 +195,7 @@ class Instance:
             role=self.role.value,
             num_routed=self.num_routed,
             num_steps=c.num_steps,
-            busy_time_s=sum(s.step_time for s in steps),
+            busy_time_s=self._busy_time,
             num_preemptions=c.num_preemptions,
             num_swaps=c.num_swaps,
             num_prefix_hit_tokens=c.num_prefix_hit_tokens,
