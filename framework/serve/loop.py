@@ -335,13 +335,13 @@ class EngineLoop:
             self.engine.abort(req.request_id)
         del self._active[req.request_id]
         self.engine.requests.pop(req.request_id, None)  # NOTE: a server must not keep them all
-        self._num_done += 1
         a.stream.put(StreamEvent(text, req.num_prompt_tokens, a.num_sent_tokens, reason))
         if self._on_finished is not None:
             try:
                 self._on_finished(FinishedRequest(req, reason, a.num_sent_tokens))
             except Exception:  # noqa: BLE001 - metrics must not break serving
                 log.exception("recording a finished request failed")
+        self._num_done += 1  # last: once num_active drops, the metrics have it
 
     def _fail_all(self, message: str) -> None:
         for a in list(self._active.values()):
