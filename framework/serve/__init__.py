@@ -2,6 +2,7 @@
 `schedlab bench serve`, a client that replays a workload against any such server.
 
 - `loop`: the one background thread that owns the engine; requests in, tokens out per step;
+- `clock`: real-time pacing of a simulated engine (`executor=sim`);
 - `text`: incremental detokenization and stop strings;
 - `protocol`: the request bodies (pydantic) and OpenAI-shaped responses and errors;
 - `app`: the FastAPI app; `server`: uvicorn with a draining SIGINT/SIGTERM;

@@ -6,9 +6,7 @@ tokens go back to each handler's `RequestStream` (an asyncio queue fed with
 `call_soon_threadsafe`). Nothing is dropped: every submitted request gets exactly one final
 event (finished, aborted, rejected with its reason, or refused while overloaded/draining).
 
-On a virtual clock (`executor=sim`) the loop runs in real time: a `PacedClock` makes each step
-last its simulated duration on the wall clock and never lets simulated time fall behind it, so
-a client measures the simulated latencies (plus the server's real overhead).
+On a virtual clock (`executor=sim`) the loop runs in real time (see `schedlab.serve.clock`).
 """
 
 from __future__ import annotations
@@ -17,16 +15,14 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from schedlab.config import EngineConfig
 from schedlab.engine import Engine
-from schedlab.executor import VirtualClock
 from schedlab.request import Request, SamplingParams
+from schedlab.serve.clock import PacedClock
 from schedlab.serve.text import TextStream
 from schedlab.stats import EngineCounters
 
@@ -34,45 +30,6 @@ log = logging.getLogger("schedlab.serve")
 
 #: how long the idle loop blocks on its inbox before checking whether it should stop (s)
 _IDLE_WAIT_S = 0.05
-
-
-class PacedClock(VirtualClock):
-    """A virtual clock held to the wall clock: `advance(dt)` returns once the wall clock has
-    caught up with the new simulated time, and `catch_up()` moves simulated time forward to
-    the wall clock (time the server spent idle or on its own overhead)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._wall0 = time.perf_counter()
-
-    def wall(self) -> float:
-        return time.perf_counter() - self._wall0
-
-    def advance(self, dt: float) -> None:
-        super().advance(dt)
-        self._pace()
-
-    def sleep_until(self, t: float) -> None:
-        super().sleep_until(t)
-        self._pace()
-
-    def catch_up(self) -> None:
-        """Simulated time := max(simulated time, wall time). Changes state."""
-        super().sleep_until(self.wall())
-
-    def _pace(self) -> None:
-        ahead = self.now() - self.wall()
-        if ahead > 0:
-            time.sleep(ahead)
-
-
-def build_engine(config: EngineConfig) -> Engine:
-    """An engine for serving: as `Engine(config)`, but an executor on a virtual clock runs on a
-    `PacedClock` (real-time pacing of the simulated step times)."""
-    engine = Engine(config)
-    if isinstance(engine.clock, VirtualClock):
-        engine = Engine(config, clock=PacedClock())
-    return engine
 
 
 @dataclass(slots=True)
