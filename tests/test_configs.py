@@ -170,9 +170,13 @@ def test_preset_model_needs_the_sim_executor(base_overrides):
         build_settings(cfg)
 
 
-def test_sim_executor_gets_the_cpu_hardware_preset_by_default(base_overrides):
-    cfg = _compose([*base_overrides, "executor=sim"])
-    assert build_settings(cfg).engine.executor_options["hardware"] == {"preset": "cpu"}
+def test_sim_executor_gets_the_cpu_hardware_preset_by_default(base_overrides, llama_dir):
+    from schedlab.engine import Engine
+
+    cfg = _compose([*base_overrides, "executor=sim", "model=path", f"model.path={llama_dir}"])
+    engine = Engine(build_settings(cfg).engine)
+    hw = engine.executor.hardware
+    assert hw.device == "cpu" and hw.name.startswith("cpu-")  # this CPU, probed
 
 
 def test_slurm_launcher_config_composes():

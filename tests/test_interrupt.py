@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,10 +31,10 @@ def test_ctrl_c_mid_run_keeps_partial_results_and_exits_130(tmp_path, llama_dir)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    deadline = time.monotonic() + 180
-    while b"requests:" not in err and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)  # the progress bar shows the workload is being driven
-    time.sleep(1.0)
+    deadline = time.monotonic() + 240
+    done = re.compile(rb"requests:[^\r\n]*\| *[1-9][0-9]*/400")
+    while not done.search(err) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)  # the progress bar shows a request done: the workload is being driven
     proc.send_signal(signal.SIGINT)
     rc = proc.wait(timeout=120)
     reader.join(timeout=10)
