@@ -132,9 +132,9 @@ FAIRNESS = Spec(
     claim=("VTC (Sheng et al., OSDI'24): serving the client with the least service so far "
            "(a virtual token counter) isolates well-behaved clients from a heavy one (their "
            "latency stays low while the heavy client is backlogged), keeps the service "
-           "difference between backlogged clients within a 2x bound, and stays work-conserving, "
-           "unlike a per-client rate limit (RPM), which rejects requests and leaves capacity "
-           "idle."),
+           "difference between two backlogged clients within twice the largest weighted "
+           "request, and stays work-conserving, unlike a per-client rate limit (RPM), which "
+           "rejects requests and leaves capacity idle."),
     params=((QUEUE, "policy"),),
     metrics=(Metric("output_throughput", "output tok/s"),
              Metric("num_rejected", "rejected", ".0f"),
