@@ -241,3 +241,16 @@ def test_new_queues_keep_greedy_parity(llama_dir, hf_reference, queue, options):
     eng.run_until_done(check=True)
     for p, r in zip(ps, reqs, strict=True):
         assert r.output_token_ids == hf_reference(llama_dir, p, 10), r.request_id
+
+
+def test_edf_never_drops_a_preempted_request_that_has_output():
+    q = registry.load("queue", "edf")(on_miss="drop")
+    started = req("started", deadline_ms=1.0)
+    started.output_token_ids.append(7)
+    q.prepend(started)
+    q.add(req("fresh", deadline_ms=1.0))
+    assert q.peek() is started
+    assert q.expire(now=10.0) == []  # the started one heads the queue: nothing given up yet
+    q.pop()
+    assert [d.request.request_id for d in q.expire(now=10.0)] == ["fresh"]
+    q.check_integrity()

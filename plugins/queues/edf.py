@@ -33,8 +33,9 @@ class EDFQueue(PriorityQueue):
     - `demote`: it goes behind every request that can still make its deadline, and runs
       when nothing else waits (best effort).
 
-    The preemption victim is the running request with the latest deadline. EDF never
-    preempts for an arrival.
+    The preemption victim is the running request with the latest deadline; a preempted
+    request (it has output already) goes back to the front and is never dropped or demoted.
+    EDF never preempts for an arrival.
 
     Args:
         on_miss: `keep` | `drop` | `demote`.
@@ -66,7 +67,10 @@ class EDFQueue(PriorityQueue):
         return math.inf if ms is None else request.arrival_time + ms / 1000.0
 
     def _key(self, request: Request) -> tuple:
-        return id(request) in self._demoted, self.deadline(request), request.arrival_time
+        # NOTE: a request that already has output (a preempted one) met or missed its deadline
+        # already: it goes back first and is never given up on.
+        deadline = -math.inf if request.output_token_ids else self.deadline(request)
+        return id(request) in self._demoted, deadline, request.arrival_time
 
     def outranks(self, waiting: Request, running: Request) -> bool:
         return False
@@ -78,7 +82,7 @@ class EDFQueue(PriorityQueue):
         heap = self._heap
         while heap:
             demoted, deadline, _ = heap[0][0]
-            if demoted or deadline - self.slack_s >= now:
+            if demoted or deadline - self.slack_s >= now or heap[0][-1].output_token_ids:
                 break
             _, seq, req = heapq.heappop(heap)
             if self.on_miss == "drop":
