@@ -24,15 +24,15 @@ def _workload(n: int = 40, seed: int = 0) -> list[WorkloadRequest]:
     prefixes = [[rng.randrange(2, 999) for _ in range(48)] for _ in range(3)]
     out, t = [], 0.0
     for _ in range(n):
-        t += rng.expovariate(400.0)
+        t += rng.expovariate(2000.0)
         prompt = rng.choice(prefixes) + [rng.randrange(2, 999) for _ in range(rng.randint(1, 80))]
         out.append(WorkloadRequest(prompt, rng.randint(1, 24), arrival_s=t))
     return out
 
 
 def _cluster(router: str, **cluster) -> Cluster:
-    # a small KV pool (40 blocks of 16) so that preemptions happen too
-    ec = EngineConfig(model="fake", max_num_seqs=6, num_kv_blocks=40, block_size=16,
+    # a small KV pool (20 blocks of 16) so that preemptions happen too
+    ec = EngineConfig(model="fake", max_num_seqs=6, num_kv_blocks=20, block_size=16,
                       prefix_cache="hash_block", scheduler="chunked_prefill",
                       max_num_batched_tokens=64)
     return Cluster(ClusterConfig(router=router, **cluster), ec, executor_cls=FakeExecutor)
@@ -162,3 +162,15 @@ def test_every_builtin_router_has_a_config():
         cfg = OmegaConf.load(conf / f"{name}.yaml")
         assert cfg.name == name
         registry.load("router", name)(**cfg.options)  # its options are accepted
+
+
+def test_an_out_of_tree_router_by_dotted_path():
+    path = "schedlab.plugins.routers.least_loaded:LeastLoadedRouter"
+    res = _cluster(path, num_instances=2).run(_workload(6), check=True)
+    assert res.router == path and all(r.is_finished for r in res.run.requests)
+
+
+def test_contract_workload_preempts():
+    """The contract runs are meaningful: the small KV pool forces preemptions."""
+    res = _cluster("round_robin", **LAYOUTS["replicas"]).run(_workload())
+    assert res.run.num_preemptions > 0
