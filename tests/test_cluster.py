@@ -233,3 +233,51 @@ def test_instance_clock_counts_only_its_own_steps(timer):
     assert c.now() == t + 5.0
     with pytest.raises(ConfigError, match="cluster.clock"):
         ClusterConfig(clock="gpu")
+
+
+def test_ctrl_c_mid_run_aborts_everything_and_writes_partial_results(tmp_path, monkeypatch):
+    from schedlab.cli import app
+    from schedlab.cluster.instance import Instance
+
+    real_step, calls = Instance.step, []
+
+    def step(self):
+        calls.append(1)
+        if len(calls) == 40:
+            raise KeyboardInterrupt
+        real_step(self)
+
+    monkeypatch.setattr(Instance, "step", step)
+    monkeypatch.setattr(app, "INTERRUPTED", [])
+    s = _settings(tmp_path, "cluster=disaggregated", "workload.arrival.process=poisson",
+                  "workload.arrival.rate=50")
+    with pytest.raises(KeyboardInterrupt):
+        app.execute(s)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["interrupted"] is True and "cluster" in saved
+    assert 0 < saved["completed"] < 12 and app.INTERRUPTED
+
+
+def test_interrupt_leaves_no_request_running_and_every_kv_whole(monkeypatch):
+    from schedlab.cluster.instance import Instance
+
+    cl = Cluster(_pd(), _sim())
+    real_step, calls = Instance.step, []
+
+    def step(self):
+        calls.append(1)
+        if len(calls) == 30:
+            raise KeyboardInterrupt
+        real_step(self)
+
+    monkeypatch.setattr(Instance, "step", step)
+    with pytest.raises(KeyboardInterrupt):
+        cl.run(_wl(10, prompt=200, out=40, gap=0.005))
+    res = cl.interrupt()
+    statuses = {r.status for r in res.run.requests}
+    assert RequestStatus.FINISHED_ABORTED in statuses
+    assert all(r.is_finished for r in res.run.requests)
+    for inst in cl.instances:
+        assert not inst.engine.has_unfinished()
+        assert inst.engine.kv.usage().used_blocks == 0
+        inst.engine.check_integrity()

@@ -119,7 +119,16 @@ def _execute_cluster(s: RunSettings) -> dict[str, Any]:
     vocab = cluster.instances[0].engine.model_spec.vocab_size
     workload = build_workload(s.workload, vocab, seed=s.seed)
     s.output_dir.mkdir(parents=True, exist_ok=True)
-    result = cluster.run(workload, temperature=s.temperature, ignore_eos=s.ignore_eos)
+    try:
+        result = cluster.run(workload, temperature=s.temperature, ignore_eos=s.ignore_eos)
+    except KeyboardInterrupt:  # as `_save_interrupted`: partial results, then the one line
+        result = cluster.interrupt()
+        metrics = compute_metrics(result.run, percentiles=s.percentiles, slo=s.slo)
+        metrics.update(cluster=result.summary(), interrupted=True)
+        path = write_results(s.output_dir, metrics, s.config, collect_environment())
+        INTERRUPTED.append(f"{metrics.get('completed', 0)} of {len(result.run.requests)} "
+                           f"submitted requests completed; partial results: {path}")
+        raise
     metrics = compute_metrics(result.run, percentiles=s.percentiles, slo=s.slo)
     metrics["cluster"] = result.summary()
     path = write_results(s.output_dir, metrics, s.config, collect_environment())

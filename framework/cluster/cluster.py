@@ -17,7 +17,7 @@ from schedlab.cluster.transfer import KVTransfer
 from schedlab.config import ConfigError, EngineConfig
 from schedlab.engine import Engine
 from schedlab.executor import VirtualClock
-from schedlab.request import Request, SamplingParams
+from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.driver import RunResult
 
@@ -100,6 +100,8 @@ class Cluster:
         self.router_name = registry.describe(config.router).strip("'")
         self._transfers: list[tuple[float, int, KVTransfer]] = []
         self._seq = itertools.count()
+        #: the current run's submitted requests, in workload order (None: not yet arrived)
+        self._submitted: list[Request | None] = []
 
     def _build_instances(self, executor_cls: type | None) -> list[Instance]:
         cfg = self.config
@@ -133,6 +135,7 @@ class Cluster:
         """
         order = sorted(range(len(workload)), key=lambda i: (workload[i].arrival_s, i))
         submitted: list[Request | None] = [None] * len(workload)
+        self._submitted = submitted
         pos = 0
         stalled = 0
         while pos < len(order) or self._transfers or any(i.has_work() for i in self.instances):
@@ -233,6 +236,24 @@ class Cluster:
                        start + self.config.transfer_time(num_bytes), data)
         src.record_transfer_out(t)
         heapq.heappush(self._transfers, (t.ready_time, next(self._seq), t))
+
+    def interrupt(self) -> ClusterRunResult:
+        """After a run was cut short (Ctrl-C): abort every request still in flight, on an
+        instance, waiting for a decode seat or in transfer, and return the run over the
+        requests submitted so far. Changes state."""
+        for inst in self.instances:
+            for req in list(inst.in_flight.values()):
+                if req.request_id in inst.engine.requests and not req.is_finished:
+                    inst.engine.abort(req.request_id)
+            inst.pending.clear()
+            inst.in_flight.clear()
+        now = max(i.now() for i in self.instances)
+        for req in (r for r in self._submitted if r is not None and not r.is_finished):
+            req.status = RequestStatus.FINISHED_ABORTED  # in transfer or waiting for a seat
+            req.finish_reason = RequestStatus.FINISHED_ABORTED.value
+            req.metrics.finished_time = now
+        self._transfers.clear()
+        return self._result([r for r in self._submitted if r is not None])
 
     def _result(self, requests: list[Request]) -> ClusterRunResult:
         engines = [i.engine for i in self.instances]
