@@ -17,7 +17,7 @@ from schedlab.runs.driver import run_workload
 from schedlab.runs.groups import jain_index
 from schedlab.runs.metrics import compute_metrics
 from schedlab.runs.report import find_runs, write_report
-from schedlab.runs.results import write_results
+from schedlab.runs.results import format_table, write_results
 from schedlab.runs.workload import WorkloadRequest
 
 
@@ -217,6 +217,8 @@ def test_per_client_and_per_class_metrics_reach_results_and_report(tmp_path):
     tl = m["service_timeline"]
     total = sum(sum(v) for v in tl["clients"].values()) * tl["t_s"][0]
     assert total == pytest.approx(sum(g["service"] for g in m["per_client"].values()))
+    table = format_table(m)
+    assert "Jain's fairness index" in table and "a: done / TTFT mean" in table
     write_results(tmp_path / "run", m, {"queue": {"name": "vtc"}})
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     assert doc["per_client"].keys() == m["per_client"].keys()

@@ -180,6 +180,13 @@ def format_table(metrics: dict) -> str:
     row("KV reserved but unused (%):", "kv_waste_pct", ".1f")
     row("Mean batch size (seqs/step):", "mean_batch_size")
     row("Mean tokens per step:", "mean_tokens_per_step")
+    if metrics.get("per_client") or metrics.get("deadline_attainment") is not None:
+        lines.append(f"{' Clients and SLOs ':-^50}")
+        row("Jain's fairness index (service):", "jain_fairness_index", ".3f")
+        row("Deadline attainment (TTFT):", "deadline_attainment", ".3f")
+        for c, g in (metrics.get("per_client") or {}).items():
+            lines.append(f"{'  ' + c + ': done / TTFT mean (ms):':<40} "
+                         f"{g['completed']}/{g['num_requests']} {g['mean_ttft_ms']:.1f}")
     phases = [metrics.get(f"mean_{p}_time_ms") for p in STEP_PHASES]
     if all(isinstance(v, int | float) for v in phases):
         # one row: where a step's host time goes, in step order
