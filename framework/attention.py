@@ -66,7 +66,7 @@ class KVCacheSpec:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
-    block_size: int = 16
+    block_size: int
 
     @property
     def bytes_per_token(self) -> int:

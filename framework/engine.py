@@ -11,7 +11,7 @@ from schedlab.config import ConfigError, EngineConfig, parse_bytes
 from schedlab.contracts import check_kv_ownership, check_plan
 from schedlab.executor import Clock, Executor, ExecutorOutput
 from schedlab.kv_manager import KVCacheManager
-from schedlab.request import Request, RequestStatus, SamplingParams
+from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from schedlab.stats import EngineCounters, StepStats
 
@@ -232,6 +232,45 @@ class Engine:
         req = self.requests[request_id]
         if not req.is_finished:
             self.scheduler.abort(req, self.clock.now())
+
+    # ---- migration between engines ---------------------------------------------------------
+    def migrate_out(self, request_id: str) -> MigratedRequest:
+        """Take an unfinished request off this engine with its computed K/V, for another
+        engine to `migrate_in` (prefill/decode disaggregation). Changes state.
+
+        Raises:
+            KeyError: no such request here.
+            ValueError: the request has finished.
+        """
+        req = self.requests[request_id]
+        if req.is_finished:
+            raise ValueError(f"request {request_id!r} has finished; nothing to migrate")
+        alloc = self.kv.allocator
+        blocks = list(alloc.block_table(req)[: alloc.blocks_for(req.num_computed_tokens)])
+        data = self.executor.export_kv(blocks) if blocks else None
+        moved = self.scheduler.release(req)
+        del self.requests[request_id]
+        return MigratedRequest(req, moved, data if moved else None)
+
+    def can_migrate_in(self, migrated: MigratedRequest) -> bool:
+        """Whether this engine has a seat and KV for a migrated request now. No state change."""
+        return self.scheduler.can_adopt(migrated.request, migrated.num_tokens)
+
+    def migrate_in(self, migrated: MigratedRequest) -> None:
+        """Continue a request migrated from another engine here: its K/V is written into
+        blocks allocated for it, nothing is recomputed. Call `can_migrate_in` first.
+        Changes state.
+
+        Raises:
+            ValueError: a request with its id is already here.
+        """
+        req = migrated.request
+        if req.request_id in self.requests:
+            raise ValueError(f"request_id {req.request_id!r} is already in use here")
+        blocks = self.scheduler.adopt(req, migrated.num_tokens)
+        if migrated.data is not None:
+            self.executor.import_kv(blocks, migrated.data)
+        self.requests[req.request_id] = req
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -113,6 +113,20 @@ class Executor(ABC):
         e.g. a CPU-time clock for calibration). Changes state."""
         self.clock = clock
 
+    def export_kv(self, block_ids: list[int]) -> object | None:
+        """Copy these blocks' K/V out, for a request that moves to another engine (KV
+        migration, prefill/decode disaggregation). No state change.
+
+        Returns:
+            An opaque copy for `import_kv` on the receiving executor; None where there is no
+            K/V to move (the simulator).
+        """
+        return None
+
+    def import_kv(self, block_ids: list[int], data: object) -> None:  # noqa: B027 (optional)
+        """Write K/V exported by `export_kv` into these blocks (as many as were exported).
+        Changes state."""
+
     def available_kv_memory(self) -> int | None:
         """Bytes the KV cache may use when the user gave no size (None: engine default)."""
         return None

@@ -211,3 +211,18 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     reject_reason: str | None = None
+
+
+@dataclass(slots=True)
+class MigratedRequest:
+    """A request on its way between engines (`Engine.migrate_out` -> `Engine.migrate_in`).
+
+    Args:
+        request: the request, unfinished, with its output and timestamps so far.
+        num_tokens: how many of its tokens have K/V that moves with it (0: recomputed there).
+        data: the K/V itself from `Executor.export_kv` (None in simulation).
+    """
+
+    request: Request
+    num_tokens: int
+    data: object | None = None

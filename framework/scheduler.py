@@ -217,6 +217,50 @@ class Scheduler(ABC):
     def has_unfinished(self) -> bool:
         return bool(self.running) or bool(self.waiting)
 
+    # ---- migration between engines (prefill/decode disaggregation) -------------------------
+    def release(self, request: Request) -> int:
+        """Hand a request over to another engine: take it out of the running set (or the
+        queue) and free its KV here, keeping its output and timestamps; it waits for
+        `adopt` on the other side. Changes state.
+
+        Returns:
+            How many of its tokens have K/V on the device to move with it (0 for a queued
+            request: the other side computes it again).
+        """
+        if any(r is request for r in self.running):
+            moved = request.num_computed_tokens
+            self.running.remove(request)
+        else:
+            moved = 0
+            self.waiting.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        return moved
+
+    def can_adopt(self, request: Request, num_tokens: int) -> bool:
+        """Whether a request whose first `num_tokens` tokens were computed elsewhere can join
+        the running set here: a seat, and KV for those tokens plus the next. No state change."""
+        return (len(self.running) < self.config.max_num_seqs
+                and self.kv.can_allocate(request, num_tokens + 1))
+
+    def adopt(self, request: Request, num_tokens: int) -> list[int]:
+        """Take a request released by another engine into the running set, its first
+        `num_tokens` tokens counted as computed (their K/V arrives from the other side); the
+        next step continues it. Call `can_adopt` first. Changes state.
+
+        Returns:
+            The blocks holding those tokens, in order (where the migrated K/V goes).
+        """
+        self.kv.allocate(request, num_tokens)
+        request.num_computed_tokens = num_tokens
+        request.status = RequestStatus.RUNNING
+        request.finish_reason = None
+        request.metrics.finished_time = None
+        self.running.append(request)
+        table = self.kv.allocator.block_table(request)
+        return list(table[: self.kv.allocator.blocks_for(num_tokens)])
+
     def reject_stalled(self, reason: str, now: float) -> Request | None:
         """When nothing runs but requests wait and the policy planned nothing, reject the head
         of the queue with `reason`, so no request waits forever. Changes state.

@@ -12,7 +12,8 @@ from schedlab.config import parse_bytes
 
 def test_reference_example_512_mib():
     # 32 layers, 8 KV heads, head dim 128, 4096 tokens, 1 sequence, bf16 -> 512 MiB
-    spec = KVCacheSpec(num_layers=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    spec = KVCacheSpec(num_layers=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
+                       block_size=16)
     assert spec.bytes_for(4096, num_seqs=1) == 512 * 2**20
     assert spec.bytes_per_token == 128 * 1024
     assert spec.bytes_per_block == 16 * 128 * 1024

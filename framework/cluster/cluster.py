@@ -230,7 +230,8 @@ class Cluster:
         dst = self.decode[j]
         self.decode_router.on_routed(req, j)
         spec = dst.engine.kv_spec
-        num_bytes = dst.engine.kv.allocator.blocks_for(num_tokens) * spec.bytes_per_block
+        num_blocks = -(-num_tokens // spec.block_size)  # whole blocks move, as paged KV does
+        num_bytes = num_blocks * spec.bytes_per_block
         start = src.now()
         t = KVTransfer(req, src.index, dst.index, num_tokens, num_bytes, start,
                        start + self.config.transfer_time(num_bytes), data)

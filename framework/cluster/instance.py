@@ -16,7 +16,7 @@ from schedlab.cluster.transfer import (
     take_prefilled,
 )
 from schedlab.engine import Engine
-from schedlab.request import Request, SamplingParams
+from schedlab.request import Request, RequestStatus, SamplingParams
 
 
 class Role(enum.Enum):
@@ -87,14 +87,14 @@ class Instance:
     def load(self, cached_prefix_tokens: int = 0) -> InstanceLoad:
         outstanding = sum(self._remaining(r) for r in self.in_flight.values())
         outstanding += sum(self._remaining(t.request) for t in self.pending)
-        s, u = self.engine.scheduler, self.engine.kv.usage()
+        c = self.engine.counters()
         return InstanceLoad(
             index=self.index,
-            num_running=len(s.running),
-            num_waiting=len(s.waiting) + len(self.pending),
+            num_running=c.num_running,
+            num_waiting=c.num_waiting + len(self.pending),
             outstanding_tokens=outstanding,
-            kv_free_blocks=u.free_blocks,
-            num_kv_blocks=u.num_blocks,
+            kv_free_blocks=c.kv_free_blocks,
+            num_kv_blocks=c.num_kv_blocks,
             cached_prefix_tokens=cached_prefix_tokens,
         )
 
@@ -214,6 +214,7 @@ class Instance:
         self.engine.check_integrity()
         for rid, r in self.in_flight.items():
             assert r.request_id == rid, f"instance {self.index} files {r.request_id} as {rid}"
-        pending = {id(t.request) for t in self.pending}
-        for r in self.engine.scheduler.running:
-            assert id(r) not in pending, f"{r.request_id} both running and pending a seat"
+        for t in self.pending:
+            r = t.request
+            assert r.request_id not in self.engine.requests and r.status is not \
+                RequestStatus.RUNNING, f"{r.request_id} both in the engine and pending a seat"

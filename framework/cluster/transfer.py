@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schedlab.engine import Engine
-from schedlab.request import Request, RequestStatus
+from schedlab.request import MigratedRequest, Request, RequestStatus
 
 
 @dataclass(slots=True)
@@ -31,64 +31,36 @@ class KVTransfer:
     num_bytes: int
     start_time: float
     ready_time: float
-    data: list[Any] | None = None
+    data: Any | None = None
 
 
-def take_prefilled(engine: Engine, request: Request) -> tuple[int, list[Any] | None]:
-    """Take a request whose prefill just finished off a prefill instance: read its prompt KV
-    (real executors) and free it there, so the request can move on. Changes state.
-
-    NOTE: the engine's `abort` is the public way to free a running request's KV; the request
-    is then set back to RUNNING by `admit_transferred` on the decode side (its status, output
-    and timestamps are kept; `finished_time` is cleared).
+def take_prefilled(engine: Engine, request: Request) -> tuple[int, Any | None]:
+    """Take a request whose prefill just finished off a prefill instance, with its prompt KV
+    (real executors), through `Engine.migrate_out`. Changes state.
 
     Returns:
-        (the number of prompt tokens whose KV moves, the KV per layer or None in simulation).
+        (the number of tokens whose KV moves, the KV or None in simulation).
     """
-    num_tokens = request.num_computed_tokens
-    blocks = engine.kv.allocator.block_table(request)
-    backend = getattr(engine.executor, "backend", None)
-    data = None
-    if backend is not None and hasattr(backend, "copy_blocks_out") and blocks:
-        n = engine.kv.allocator.blocks_for(num_tokens)
-        data = backend.copy_blocks_out(list(blocks[:n]))
-    engine.abort(request.request_id)
-    request.status = RequestStatus.WAITING
-    request.finish_reason = None
-    request.metrics.finished_time = None
-    return num_tokens, data
+    m = engine.migrate_out(request.request_id)
+    return m.num_tokens, m.data
+
+
+def _migrated(transfer: KVTransfer) -> MigratedRequest:
+    return MigratedRequest(transfer.request, transfer.num_tokens, transfer.data)
 
 
 def can_admit(engine: Engine, transfer: KVTransfer) -> bool:
     """Whether the decode instance has a seat and KV blocks for the transferred prompt (plus
     the next token). No state change."""
-    sched = engine.scheduler
-    if len(sched.running) >= engine.config.max_num_seqs:
-        return False
-    return engine.kv.can_allocate(transfer.request, transfer.num_tokens + 1)
+    return engine.can_migrate_in(_migrated(transfer))
 
 
 def admit_transferred(engine: Engine, transfer: KVTransfer) -> None:
-    """Put a request whose prompt KV arrived into the decode instance's running set, its
-    prompt counted as computed: the next step decodes it. Changes state.
-
-    The transferred blocks are allocated on the decode side (and, for real executors, the KV
-    written into them); nothing is recomputed. Call `can_admit` first.
-
-    Raises:
-        RuntimeError: not enough KV blocks.
-    """
-    req = transfer.request
-    engine.kv.allocate(req, transfer.num_tokens)
-    if transfer.data is not None:
-        blocks = engine.kv.allocator.block_table(req)
-        engine.executor.backend.copy_blocks_in(list(blocks[: len(transfer.data[0][0])]),
-                                               transfer.data)
-        transfer.data = None
-    req.num_computed_tokens = transfer.num_tokens
-    req.status = RequestStatus.RUNNING
-    engine.scheduler.running.append(req)
-    engine.requests[req.request_id] = req
+    """Continue a request whose prompt KV arrived on the decode instance
+    (`Engine.migrate_in`): the blocks are allocated there and, for real executors, the KV
+    written into them; nothing is recomputed. Call `can_admit` first. Changes state."""
+    engine.migrate_in(_migrated(transfer))
+    transfer.data = None
 
 
 def reject_transferred(engine: Engine, transfer: KVTransfer, now: float) -> None:

@@ -99,6 +99,12 @@ class TorchExecutor(Executor):
         s = self.model_spec
         return KVCacheSpec(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype, block_size)
 
+    def export_kv(self, block_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return self.backend.copy_blocks_out(block_ids)
+
+    def import_kv(self, block_ids: list[int], data: object) -> None:
+        self.backend.copy_blocks_in(block_ids, data)
+
     def available_kv_memory(self) -> int | None:
         if self.device.type != "cuda":
             return None
