@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from schedlab.attention import KVCacheSpec
 from schedlab.model import ModelSpec
-from schedlab.scheduler import SchedulerOutput
+from schedlab.plan import SchedulerOutput
 
 
 @dataclass(frozen=True, slots=True)

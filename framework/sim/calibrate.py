@@ -107,8 +107,8 @@ def measure_torch(model_dir: str, grid: Sequence[Shape], repeats: int = 5,
 
     from schedlab import registry
     from schedlab.config import EngineConfig
+    from schedlab.plan import ScheduledRequest, SchedulerOutput
     from schedlab.request import Request, SamplingParams
-    from schedlab.scheduler import ScheduledRequest, SchedulerOutput
 
     cfg = EngineConfig(model=str(model_dir), dtype="float32", device="cpu",
                        block_size=block_size)

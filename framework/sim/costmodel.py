@@ -13,7 +13,7 @@ from typing import Any
 
 from schedlab.attention import padded_decode_kv
 from schedlab.model import ModelSpec
-from schedlab.scheduler import SchedulerOutput
+from schedlab.plan import SchedulerOutput
 from schedlab.sim.hardware import HardwareProfile
 
 

@@ -15,8 +15,8 @@ from schedlab.attention import KVCacheSpec
 from schedlab.config import EngineConfig
 from schedlab.executor import Executor, ExecutorOutput, VirtualClock
 from schedlab.model import ModelSpec
+from schedlab.plan import SchedulerOutput
 from schedlab.request import Request
-from schedlab.scheduler import SchedulerOutput
 
 if TYPE_CHECKING:
     from schedlab.kv_manager import KVCacheManager

@@ -1,0 +1,87 @@
+"""The plan of one step and the limits it is made under: what crosses from the scheduler to
+the engine and the executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schedlab.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits every scheduler respects.
+
+    Args:
+        max_num_seqs: the most requests running at once.
+        max_num_batched_tokens: the most tokens in one step (prefill + decode).
+        max_model_len: the longest sequence, prompt plus output.
+        long_prefill_threshold: chunk size cap for one prefill in one step (0: the budget).
+
+    Swap vs recompute preemption is not a scheduler setting: it follows the KV manager's host
+    pool (`KVCacheManager.num_swap_blocks`, 0 in recompute mode).
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 2048
+    long_prefill_threshold: int = 0
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step: tokens [start, start + num_new_tokens) run."""
+
+    request: Request
+    num_new_tokens: int
+    start: int
+    block_ids: list[int]
+    #: swap preemption: (host slot, device block) pairs bringing the request's KV back
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step ends with a sampled token for the request (prefill complete)."""
+        return self.start + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """The plan of one step: the only thing the scheduler hands on. The executor runs
+    `scheduled` (with their block tables and swap copies); the engine records `preempted`.
+    Executors read the plan and the requests in it and change neither."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    #: swap preemption: (device block, host slot) pairs to copy out before the step
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens in the step: the sum of `num_new_tokens`, derived from the plan."""
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @num_batched_tokens.setter
+    def num_batched_tokens(self, value: int) -> None:
+        """Ignored: the count is derived from `scheduled` (plugins written when it had to be
+        set keep working)."""
+
+    @property
+    def swap_in(self) -> list[tuple[int, int]]:
+        """Swap preemption: (host slot, device block) pairs to copy in before the step."""
+        return [p for s in self.scheduled for p in s.swap_in]
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    def token_counts(self) -> tuple[int, int]:
+        """(prefill tokens, decode tokens) of the step, in one pass. A decode is one new
+        token past the prompt."""
+        prefill = decode = 0
+        for s in self.scheduled:
+            if s.num_new_tokens == 1 and s.start >= s.request.num_prompt_tokens:
+                decode += 1
+            else:
+                prefill += s.num_new_tokens
+        return prefill, decode
