@@ -114,7 +114,9 @@ class Engine:
             self.executor.set_clock(clock)
         self.clock: Clock = self.executor.clock
         self.requests: dict[str, Request] = {}
+        #: the recorded steps (a long-running caller takes them with `drain_step_stats`)
         self.step_stats: list[StepStats] = []
+        self._num_steps = 0
         self._ids = itertools.count()
 
     def _size_kv_pool(self, max_len: int) -> int:
@@ -233,6 +235,24 @@ class Engine:
         if not req.is_finished:
             self.scheduler.abort(req, self.clock.now())
 
+    def forget(self, request_id: str) -> Request:
+        """Drop a finished request from `requests` (a long-running server keeps none).
+        Changes state.
+
+        Raises:
+            KeyError: no such request. ValueError: it has not finished.
+        """
+        req = self.requests[request_id]
+        if not req.is_finished:
+            raise ValueError(f"request {request_id!r} has not finished; abort it first")
+        return self.requests.pop(request_id)
+
+    def drain_step_stats(self) -> list[StepStats]:
+        """Hand over the steps recorded so far and stop holding them (step numbers and
+        `counters().num_steps` keep counting). Changes state."""
+        taken, self.step_stats = self.step_stats, []
+        return taken
+
     # ---- migration between engines ---------------------------------------------------------
     def migrate_out(self, request_id: str) -> MigratedRequest:
         """Take an unfinished request off this engine with its computed K/V, for another
@@ -285,7 +305,7 @@ class Engine:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         # NOTE: one pass over the plan (limits, tokens, KV held); ownership in check_integrity
-        check_plan(plan, self.scheduler_name, self._limits, self.kv, len(self.step_stats) + 1)
+        check_plan(plan, self.scheduler_name, self._limits, self.kv, self._num_steps + 1)
         self.last_plan = plan
         if plan.is_empty:
             self._unstick()
@@ -316,7 +336,7 @@ class Engine:
         u = self.kv.usage()
         num_prefill, num_decode = plan.token_counts()
         st = StepStats(
-            step=len(self.step_stats) + 1,
+            step=self._num_steps + 1,
             time=now,
             step_time=result.step_time,
             num_running=len(self.scheduler.running),
@@ -340,6 +360,7 @@ class Engine:
             st.prepare_time, st.forward_time = tm.prepare, tm.forward
             st.device_wait_time, st.sample_time = tm.device_wait, tm.sample
         self.step_stats.append(st)
+        self._num_steps += 1
 
     def counters(self) -> EngineCounters:
         """Cumulative counters and the current load, for drivers, servers and reports. No
@@ -347,7 +368,7 @@ class Engine:
         s, kv = self.scheduler, self.kv
         u = kv.usage()
         return EngineCounters(
-            num_steps=len(self.step_stats),
+            num_steps=self._num_steps,
             num_running=len(s.running),
             num_waiting=len(s.waiting),
             num_preemptions=s.num_preemptions,

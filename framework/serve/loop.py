@@ -210,6 +210,7 @@ class EngineLoop:
                 self._fail_all("the engine failed during a step; see the server log")
                 continue
             self._dispatch()
+            engine.drain_step_stats()  # NOTE: counters carry what the server reports
             self.counters = engine.counters()
 
     def _take_inbox(self, block: bool) -> None:
@@ -260,7 +261,7 @@ class EngineLoop:
             self._paced.catch_up()
         req = engine.add_request(g.prompt_token_ids, g.sampling_params, request_id=g.request_id)
         if req.reject_reason is not None:
-            engine.requests.pop(req.request_id, None)
+            engine.forget(req.request_id)
             self._num_done += 1
             stream.put(StreamEvent(error=req.reject_reason, status=400,
                                    num_prompt_tokens=req.num_prompt_tokens))
@@ -291,7 +292,7 @@ class EngineLoop:
         if not req.is_finished:
             self.engine.abort(req.request_id)
         del self._active[req.request_id]
-        self.engine.requests.pop(req.request_id, None)  # NOTE: a server must not keep them all
+        self.engine.forget(req.request_id)  # NOTE: a server must not keep them all
         a.stream.put(StreamEvent(text, req.num_prompt_tokens, a.num_sent_tokens, reason))
         if self._on_finished is not None:
             try:
@@ -308,6 +309,7 @@ class EngineLoop:
             except Exception:  # noqa: BLE001
                 log.exception("abort after a failed step failed")
             del self._active[a.request.request_id]
-            self.engine.requests.pop(a.request.request_id, None)
+            if a.request.is_finished:
+                self.engine.forget(a.request.request_id)
             self._num_done += 1
             a.stream.put(StreamEvent(error=message, status=500, finish_reason="abort"))

@@ -1,0 +1,38 @@
+"""Engine bookkeeping a long-running caller (a server) relies on: finished requests can be
+forgotten and recorded steps handed over, while step numbers and counters keep counting."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedlab.config import EngineConfig
+from schedlab.engine import Engine
+from schedlab.request import SamplingParams
+
+
+def _sim() -> Engine:
+    return Engine(EngineConfig(model="llama3_8b", executor="sim", num_kv_blocks=256))
+
+
+def test_forget_drops_only_finished_requests():
+    e = _sim()
+    a = e.add_request(list(range(2, 50)), SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="not finished"):
+        e.forget(a.request_id)
+    e.run_until_done(check=True)
+    assert e.forget(a.request_id) is a
+    assert a.request_id not in e.requests
+    with pytest.raises(KeyError):
+        e.forget(a.request_id)
+
+
+def test_drained_step_stats_keep_their_numbering():
+    e = _sim()
+    e.add_request(list(range(2, 50)), SamplingParams(max_tokens=3))
+    e.run_until_done()
+    first = e.drain_step_stats()
+    assert [s.step for s in first] == [1, 2, 3] and e.step_stats == []
+    e.add_request(list(range(2, 50)), SamplingParams(max_tokens=2))
+    e.run_until_done()
+    assert [s.step for s in e.step_stats] == [4, 5]
+    assert e.counters().num_steps == 5
