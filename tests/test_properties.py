@@ -20,27 +20,7 @@ from schedlab import registry
 from schedlab.kv_manager import KVCacheManager
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-
-VOCAB = 40
-EOS = 0
-
-
-def next_token(tokens: list[int]) -> int:
-    """The fake model: a deterministic function of the whole sequence (EOS now and then)."""
-    h = len(tokens)
-    for t in tokens:
-        h = (h * 1000003 + t) % 2_147_483_647
-    return h % VOCAB
-
-
-def reference_output(req: Request, max_len: int) -> list[int]:
-    tokens, out = list(req.prompt_token_ids), []
-    while True:
-        t = next_token(tokens)
-        out.append(t)
-        tokens.append(t)
-        if t == EOS or len(out) >= req.sampling_params.max_tokens or len(tokens) >= max_len:
-            return out
+from schedlab.testing.executor import EOS, VOCAB, next_token, reference_output
 
 
 @dataclass

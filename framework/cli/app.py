@@ -54,7 +54,7 @@ def execute(s: RunSettings) -> dict[str, Any]:
     from schedlab.engine import Engine
     from schedlab.runs.driver import run_workload
     from schedlab.runs.metrics import compute_metrics
-    from schedlab.runs.results import collect_environment, format_table, write_results
+    from schedlab.runs.results import collect_environment, write_results
     from schedlab.runs.workload import build_workload
 
     seed_everything(s.seed)
@@ -92,12 +92,7 @@ def execute(s: RunSettings) -> dict[str, Any]:
     except BaseException:
         _track(s, engine, summary or metrics, failed=True)
         raise
-    tracker = _track(s, engine, summary)
-    if s.print_table:
-        print(format_table(metrics))
-    print(f"results: {path}")
-    if tracker.location:
-        print(f"W&B run: {tracker.location}")
+    _announce(s, metrics, path, _track(s, engine, summary))
     return metrics
 
 
@@ -107,7 +102,7 @@ def _execute_cluster(s: RunSettings) -> dict[str, Any]:
     `cluster`; steps.csv and W&B get every instance's steps in time order."""
     from schedlab.cluster import Cluster
     from schedlab.runs.metrics import compute_metrics
-    from schedlab.runs.results import collect_environment, format_table, write_results
+    from schedlab.runs.results import collect_environment, write_results
     from schedlab.runs.workload import build_workload
 
     try:
@@ -136,13 +131,19 @@ def _execute_cluster(s: RunSettings) -> dict[str, Any]:
         from schedlab.runs.plots import write_plots
 
         write_plots(s.output_dir, result.run, metrics)
-    tracker = _track(s, result.run, json.loads(path.read_text()))
+    _announce(s, metrics, path, _track(s, result.run, json.loads(path.read_text())))
+    return metrics
+
+
+def _announce(s: RunSettings, metrics: dict[str, Any], path: Path, tracker) -> None:
+    """The end of a run on the console: the metrics table, where the results and W&B are."""
+    from schedlab.runs.results import format_table
+
     if s.print_table:
         print(format_table(metrics))
     print(f"results: {path}")
     if tracker.location:
         print(f"W&B run: {tracker.location}")
-    return metrics
 
 
 def _save_interrupted(s: RunSettings, engine) -> dict[str, Any]:
