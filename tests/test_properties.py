@@ -2,61 +2,27 @@
 
 Random workloads (prompt lengths, shared prefixes, arrival steps, priorities, tiny KV pools,
 both preemption modes) run through the scheduler stack built from the registry, with a fake
-executor that keeps a model-free KV cache: each slot records which (token, position) was
-written there, so a request that attends over a wrong or stale block is caught, and sampled
-tokens are a deterministic function of the sequence, so preemption must not change outputs.
+executor that keeps a model-free KV cache (`schedlab.testing`'s `CheckingExecutor`): each slot
+records which (token, position) was written there, so a request that attends over a wrong or
+stale block is caught, and sampled tokens are a deterministic function of the sequence, so
+preemption must not change outputs.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
 from schedlab import registry
+from schedlab.config import EngineConfig
 from schedlab.kv_manager import KVCacheManager
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from schedlab.testing.executor import EOS, VOCAB, next_token, reference_output
-
-
-@dataclass
-class FakeKV:
-    """What a real KV cache would hold: (token, position) per slot, on device and host."""
-
-    block_size: int
-    device: dict[int, list] = field(default_factory=lambda: defaultdict(lambda: [None] * 64))
-    host: dict[int, list] = field(default_factory=dict)
-
-    def execute(self, plan: SchedulerOutput, kv: KVCacheManager) -> list[int | None]:
-        bs = self.block_size
-        # reads before writes, as the torch executor does
-        out_data = [list(self.device[d]) for d, _ in plan.swap_out]
-        in_data = [self.host.pop(h) for h, _ in plan.swap_in]
-        for (_, h), data in zip(plan.swap_out, out_data, strict=True):
-            self.host[h] = data
-        for (_, d), data in zip(plan.swap_in, in_data, strict=True):
-            self.device[d] = list(data)
-        for s in plan.scheduled:
-            tokens = s.request.token_slice(s.start, s.start + s.num_new_tokens)
-            for p, t in enumerate(tokens, s.start):
-                b = s.block_ids[p // bs]
-                assert kv.allocator.ref_count(b) == 1, f"write into shared block {b}"
-                assert kv.prefix_cache is None or not kv.prefix_cache.is_cached(b), (
-                    f"write into cached block {b}")
-                self.device[b][p % bs] = (t, p)
-        sampled: list[int | None] = []
-        for s in plan.scheduled:
-            end = s.start + s.num_new_tokens
-            want = s.request.token_slice(0, end)
-            for p in range(end):
-                got = self.device[s.block_ids[p // bs]][p % bs]
-                assert got == (want[p], p), f"{s.request.request_id} reads {got} at position {p}"
-            sampled.append(next_token(want) if s.samples else None)
-        return sampled
+from schedlab.testing.executor import EOS, VOCAB, CheckingExecutor, reference_output
 
 
 @dataclass
@@ -167,7 +133,9 @@ def check_pool(sched: Scheduler) -> None:
 
 def drive(names: tuple[str, str, str, str], w: Workload) -> Scheduler:
     sched = build(names, w)
-    kv, fake = sched.kv, FakeKV(w.block_size)
+    kv = sched.kv
+    fake = CheckingExecutor(EngineConfig(model='checking', block_size=w.block_size))
+    fake.bind(kv)
     pending: dict[int, list[Request]] = defaultdict(list)
     live: list[Request] = []
     for i, (arrival, prompt, max_tokens, prio, exp) in enumerate(w.requests):
@@ -195,7 +163,7 @@ def drive(names: tuple[str, str, str, str], w: Workload) -> Scheduler:
         for s in plan.scheduled:
             if s.request.metrics.first_scheduled_time is None:
                 s.request.metrics.first_scheduled_time = float(step)
-        sampled = fake.execute(plan, kv)
+        sampled = fake.execute(plan).sampled_token_ids
         sched.update_from_output(plan, sampled, float(step))
         sched.check_integrity()
         check_pool(sched)
