@@ -198,10 +198,7 @@ class Engine:
         self.requests[rid] = req
         reason = self._why_invalid(req)
         if reason is not None:
-            req.status = RequestStatus.REJECTED
-            req.finish_reason = RequestStatus.REJECTED.value
-            req.reject_reason = reason
-            req.metrics.finished_time = now
+            req.end(RequestStatus.REJECTED, now, reason)
         else:
             self.scheduler.add_request(req)
         return req
@@ -270,7 +267,7 @@ class Engine:
         data = self.executor.export_kv(blocks) if blocks else None
         moved = self.scheduler.release(req)
         del self.requests[request_id]
-        return MigratedRequest(req, moved, data if moved else None)
+        return MigratedRequest(req, moved, data)
 
     def can_migrate_in(self, migrated: MigratedRequest) -> bool:
         """Whether this engine has a seat and KV for a migrated request now. No state change."""
@@ -341,7 +338,7 @@ class Engine:
             step_time=result.step_time,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
-            num_scheduled_tokens=plan.num_batched_tokens,
+            num_scheduled_tokens=num_prefill + num_decode,
             num_prefill_tokens=num_prefill,
             num_decode_tokens=num_decode,
             num_scheduled_seqs=len(plan.scheduled),

@@ -180,6 +180,15 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.finished
 
+    def end(self, status: RequestStatus, now: float, reject_reason: str | None = None) -> None:
+        """Mark the request ended with a finished `status` at `now` (and why, when rejected or
+        aborted). Changes the request only; whoever holds its KV frees it."""
+        self.status = status
+        self.finish_reason = status.value
+        if reject_reason is not None:
+            self.reject_reason = reject_reason
+        self.metrics.finished_time = now
+
     @property
     def max_total_tokens(self) -> int:
         """Prompt plus the most output tokens this request may produce."""

@@ -115,15 +115,10 @@ class Scheduler(ABC):
     def _reject(self, req: Request, reason: str, now: float) -> None:
         """End a request that is not running as REJECTED with `reason`; free any host KV."""
         self.kv.free(req)  # a swapped-out request holds host slots
-        req.status = RequestStatus.REJECTED
-        req.finish_reason = RequestStatus.REJECTED.value
-        req.reject_reason = reason
-        req.metrics.finished_time = now
+        req.end(RequestStatus.REJECTED, now, reason)
 
     def _finish(self, req: Request, status: RequestStatus, now: float) -> None:
-        req.status = status
-        req.finish_reason = status.value
-        req.metrics.finished_time = now
+        req.end(status, now)
         self.kv.free(req)
 
     def abort(self, request: Request, now: float) -> None:
@@ -134,9 +129,7 @@ class Scheduler(ABC):
         elif any(r is request for r in self.waiting):
             self.waiting.remove(request)
             self.kv.free(request)  # a swapped-out request holds host slots
-        request.status = RequestStatus.FINISHED_ABORTED
-        request.finish_reason = RequestStatus.FINISHED_ABORTED.value
-        request.metrics.finished_time = now
+        request.end(RequestStatus.FINISHED_ABORTED, now)
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or bool(self.waiting)

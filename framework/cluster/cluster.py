@@ -250,9 +250,7 @@ class Cluster:
             inst.in_flight.clear()
         now = max(i.now() for i in self.instances)
         for req in (r for r in self._submitted if r is not None and not r.is_finished):
-            req.status = RequestStatus.FINISHED_ABORTED  # in transfer or waiting for a seat
-            req.finish_reason = RequestStatus.FINISHED_ABORTED.value
-            req.metrics.finished_time = now
+            req.end(RequestStatus.FINISHED_ABORTED, now)  # in transfer or waiting for a seat
         self._transfers.clear()
         return self._result([r for r in self._submitted if r is not None])
 

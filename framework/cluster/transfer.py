@@ -67,8 +67,6 @@ def reject_transferred(engine: Engine, transfer: KVTransfer, now: float) -> None
     """A transferred request that can never fit the decode instance: end it as REJECTED with
     a reason (its first token stays counted). Changes the request only."""
     req = transfer.request
-    req.status = RequestStatus.REJECTED
-    req.finish_reason = RequestStatus.REJECTED.value
-    req.reject_reason = (f"its {transfer.num_tokens}-token prompt KV does not fit decode "
-                         f"instance {transfer.dst} ({engine.num_kv_blocks} KV blocks)")
-    req.metrics.finished_time = now
+    req.end(RequestStatus.REJECTED, now,
+            f"its {transfer.num_tokens}-token prompt KV does not fit decode instance "
+            f"{transfer.dst} ({engine.num_kv_blocks} KV blocks)")

@@ -165,19 +165,14 @@ async def _send(client: httpx.AsyncClient, url: str, model: str, rid: str, w: Wo
     m.first_scheduled_time = sent  # NOTE: a client cannot see queueing; queue keys are dropped
     m.first_token_time = times[0]
     m.token_times = times
-    m.finished_time = end
     req.output_token_ids = [0] * (num_tokens if num_tokens is not None else len(times))
-    req.status = (RequestStatus.FINISHED_STOPPED if finish == "stop"
-                  else RequestStatus.FINISHED_LENGTH)
-    req.finish_reason = req.status.value
+    req.end(RequestStatus.FINISHED_STOPPED if finish == "stop" else RequestStatus.FINISHED_LENGTH,
+            end)
     return req
 
 
 def _failed(req: Request, reason: str, status: RequestStatus) -> Request:
-    req.status = status
-    req.finish_reason = status.value
-    req.reject_reason = reason
-    req.metrics.finished_time = time.perf_counter()
+    req.end(status, time.perf_counter(), reason)
     return req
 
 
