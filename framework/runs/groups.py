@@ -97,9 +97,24 @@ def _split(requests: Sequence[Request], attr: str) -> dict[str, list[Request]]:
     return dict(sorted(groups.items()))
 
 
-def _completed(r: Request) -> bool:
+def is_completed(r: Request) -> bool:
+    """Whether a request ended normally with at least one token (vLLM's "completed")."""
     return r.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH) and bool(
         r.metrics.token_times)
+
+
+def per_second(n: float, duration: float) -> float:
+    return n / duration if duration > 0 else 0.0
+
+
+def percentile_keys(name: str, values_ms: np.ndarray, percentiles: Sequence[float]
+                    ) -> dict[str, float]:
+    """`p50_<name>_ms`-style keys (vLLM's) of a series already in ms."""
+    out = {}
+    for p in percentiles:
+        word = str(int(p)) if float(p).is_integer() else str(p)
+        out[f"p{word}_{name}_ms"] = float(np.percentile(values_ms, p))
+    return out
 
 
 def _ttft(r: Request) -> float:
@@ -107,7 +122,7 @@ def _ttft(r: Request) -> float:
 
 
 def _met_deadline(r: Request) -> bool:
-    return (_completed(r) and r.deadline_ms is not None
+    return (is_completed(r) and r.deadline_ms is not None
             and _ttft(r) * 1000.0 <= r.deadline_ms)
 
 
@@ -125,8 +140,11 @@ def _good(r: Request, slo: Mapping[str, float] | None) -> bool:
 
 def _group(reqs: list[Request], duration: float, percentiles: Sequence[float],
            slo: Mapping[str, float] | None, weights: Sequence[float]) -> dict[str, Any]:
-    done = [r for r in reqs if _completed(r)]
-    per_s = (lambda n: n / duration) if duration > 0 else (lambda n: 0.0)
+    done = [r for r in reqs if is_completed(r)]
+
+    def per_s(n: float) -> float:
+        return per_second(n, duration)
+
     deadlines = [r for r in reqs if r.deadline_ms is not None]
     g: dict[str, Any] = {
         "num_requests": len(reqs),
@@ -146,7 +164,5 @@ def _group(reqs: list[Request], duration: float, percentiles: Sequence[float],
     for name, xs in (("ttft", ttfts), ("tpot", tpots)):
         a = np.asarray(xs if xs else [0.0]) * 1000.0
         g[f"mean_{name}_ms"] = float(a.mean())
-        for p in percentiles:
-            word = str(int(p)) if float(p).is_integer() else str(p)
-            g[f"p{word}_{name}_ms"] = float(np.percentile(a, p))
+        g.update(percentile_keys(name, a, percentiles))
     return g

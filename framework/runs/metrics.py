@@ -23,7 +23,7 @@ import numpy as np
 
 from schedlab.request import Request, RequestStatus
 from schedlab.runs.driver import RunResult
-from schedlab.runs.groups import group_metrics
+from schedlab.runs.groups import group_metrics, is_completed, per_second, percentile_keys
 from schedlab.stats import step_phase_metrics
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
@@ -81,7 +81,7 @@ def compute_metrics(
         unknown = sorted(set(slo) - set(SLO_KEYS))
         if unknown:
             raise ValueError(f"SLO keys {unknown} are unknown; accepted: {', '.join(SLO_KEYS)}")
-    done = [r for r in run.requests if _completed(r)]
+    done = [r for r in run.requests if is_completed(r)]
     rejected = [r for r in run.requests if r.status is RequestStatus.REJECTED]
     dur = run.duration_s
     ttfts = [r.metrics.first_token_time - r.metrics.arrival_time for r in done]
@@ -104,13 +104,13 @@ def compute_metrics(
         "max_concurrency": run.max_concurrency,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
-        "request_throughput": _per_s(len(done), dur),
+        "request_throughput": per_second(len(done), dur),
         "request_goodput": None,
-        "output_throughput": _per_s(total_out, dur),
-        "total_token_throughput": _per_s(total_in + total_out, dur),
+        "output_throughput": per_second(total_out, dur),
+        "total_token_throughput": per_second(total_in + total_out, dur),
     }
     if slo:
-        m["request_goodput"] = _per_s(_num_good(slo, ttfts, tpots, e2els), dur)
+        m["request_goodput"] = per_second(_num_good(slo, ttfts, tpots, e2els), dur)
         m["goodput_slo_ms"] = dict(slo)
     m["max_output_tokens_per_s"] = _peak_output_rate(done, run.start_time)
     m["max_concurrent_requests"] = max((s.num_running for s in run.step_stats), default=0)
@@ -123,7 +123,8 @@ def compute_metrics(
     m.update(group_metrics(run.requests, dur, run.start_time, percentiles, slo))
     m.update(input_lens=input_lens, output_lens=output_lens, ttfts=ttfts, tpots=tpots,
              e2els=e2els, itls=itls,
-             errors=[r.reject_reason or r.finish_reason for r in run.requests if not _completed(r)])
+             errors=[r.reject_reason or r.finish_reason for r in run.requests
+                     if not is_completed(r)])
     return m
 
 
@@ -156,19 +157,12 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
     }
 
 
-def _completed(r: Request) -> bool:
-    return r.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH) and bool(
-        r.metrics.token_times)
-
-
 def _stats(name: str, values: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
     # NOTE: like vLLM, an empty series reports 0 rather than NaN.
     a = np.asarray(values if len(values) else [0.0], dtype=float) * 1000.0
     out = {f"mean_{name}_ms": float(a.mean()), f"median_{name}_ms": float(np.median(a)),
            f"std_{name}_ms": float(a.std())}
-    for p in percentiles:
-        word = str(int(p)) if float(p).is_integer() else str(p)
-        out[f"p{word}_{name}_ms"] = float(np.percentile(a, p))
+    out.update(percentile_keys(name, a, percentiles))
     return out
 
 
@@ -191,10 +185,6 @@ def _peak_output_rate(done: list[Request], start: float) -> float:
         return 0.0
     seconds = np.floor(np.asarray(times) - start).astype(np.int64)
     return float(np.bincount(seconds - seconds.min()).max())
-
-
-def _per_s(n: float, duration: float) -> float:
-    return n / duration if duration > 0 else 0.0
 
 
 def _mean(values: Sequence[float]) -> float:
