@@ -1,0 +1,190 @@
+"""Token budget, KV admission and preemption: the helpers a policy's `schedule()` is built from.
+
+`AdmissionControl` is mixed into `schedlab.scheduler.Scheduler`, so a policy calls these as its
+own methods: `schedule_running` continues the running requests, `admit_waiting` admits queued
+ones in policy order, and both preempt (swap or recompute) when KV runs out, taking victims as
+the queue's `select_victim` / `outranks` say.
+"""
+
+from __future__ import annotations
+
+from schedlab.kv_manager import KVCacheManager
+from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
+from schedlab.queue import RequestQueue
+from schedlab.request import Request, RequestStatus
+
+
+class AdmissionControl:
+    """The shared step-building mechanism of every `Scheduler` (see the module docstring).
+
+    Uses the scheduler's state, set by `Scheduler.__init__`; changes it where a method says so.
+    """
+
+    # NOTE: the state below belongs to Scheduler; it is declared here for the methods that use it.
+    config: SchedulerConfig
+    kv: KVCacheManager
+    waiting: RequestQueue
+    running: list[Request]
+    num_preemptions: int
+    num_swaps: int
+    chunks_prefill: bool
+
+    def num_tokens_to_run(self, remaining: int, budget: int) -> int:
+        """How many of a request's `remaining` tokens fit this step (0: none).
+
+        Without chunking a prefill runs whole or waits; with it, a prefill is cut to the budget
+        and to `long_prefill_threshold`.
+        """
+        if self.chunks_prefill:
+            cap = self.config.long_prefill_threshold or budget
+            return max(0, min(remaining, budget, cap))
+        return remaining if remaining <= budget else 0
+
+    def schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Continue running requests in order, preempting by policy when KV runs out.
+
+        Victims come from the running requests not yet scheduled this step. Returns the budget
+        left.
+        """
+        kv, running, plan = self.kv, self.running, self._plan
+        to_run = self.num_tokens_to_run
+        scheduled = out.scheduled
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            done = req.num_computed_tokens
+            remaining = len(req.prompt_token_ids) + len(req.output_token_ids) - done
+            n = 1 if remaining == 1 else to_run(remaining, budget)  # budget > 0: a decode fits
+            if n == 0:
+                i += 1
+                continue
+            target = done + n
+            if kv.can_allocate(req, target):
+                kv.allocate(req, target)
+            elif not self.ensure_kv(req, target, running[i:], out):
+                continue  # req itself was preempted; running[i] is now the next one
+            scheduled.append(plan(req, n, done))
+            budget -= n
+            i += 1
+        return budget
+
+    def admit_waiting(self, out: SchedulerOutput, budget: int,
+                      max_num_new: int | None = None) -> int:
+        """Admit queued requests in policy order while seats, budget and KV allow.
+
+        Stops at the first request that does not fit (no skipping ahead: the policy's order is
+        kept), or after `max_num_new` admissions (None: no cap). Returns the budget left.
+        """
+        num_new = 0
+        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+            if max_num_new is not None and num_new >= max_num_new:
+                break
+            req = self.waiting.peek()
+            if out.preempted and any(r is req for r in out.preempted):
+                break  # preempted in this very step: not back before the next one
+            prefix = self.kv.match_prefix(req)
+            start = prefix.num_tokens if prefix.block_ids else req.num_computed_tokens
+            n = self.num_tokens_to_run(req.num_tokens - start, budget)
+            if n == 0:
+                break
+            if not self.kv.can_allocate(req, start + n, prefix):
+                freed = self._preempt_outranked(req, start + n, out)
+                if freed is None:
+                    break
+                budget += freed
+                continue  # look again: the victims' blocks are free now
+            self.waiting.pop()
+            if req.metrics.first_scheduled_time is None:
+                self.kv.record_lookup(req, prefix)
+            self.kv.allocate(req, start + n, prefix)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append(self._plan(req, n, start))
+            budget -= n
+            num_new += 1
+        return budget
+
+    def plan_request(self, request: Request, num_new_tokens: int) -> ScheduledRequest:
+        """A running request's share of this step: its next `num_new_tokens` tokens, from where
+        it stopped, over the KV it holds (allocate first). Append it to `out.scheduled`.
+        No state change beyond handing back swapped-out KV (see `_plan`)."""
+        return self._plan(request, num_new_tokens, request.num_computed_tokens)
+
+    def _preempt_outranked(self, req: Request, num_tokens: int,
+                           out: SchedulerOutput) -> int | None:
+        """Preempt running requests that the waiting `req` outranks (`RequestQueue.outranks`)
+        until it can hold `num_tokens`; victims leave this step's plan. Changes state.
+
+        Returns:
+            The budget the victims gave back, or None (nothing preempted) when even all
+            outranked requests together would not free enough KV.
+        """
+        kv, queue = self.kv, self.waiting
+        planned = {id(s.request): s for s in out.scheduled}
+        # NOTE: a request whose swapped KV comes back in this very step is never a victim.
+        victims = [r for r in self.running if queue.outranks(req, r)
+                   and not (id(r) in planned and planned[id(r)].swap_in)]
+        if not victims:
+            return None
+        table = kv.allocator.block_table
+        extra = sum(len(table(v)) for v in victims)
+        if kv.prefix_cache is not None:
+            extra += kv.num_evictable_blocks()
+        if not kv.allocator.can_allocate(req, num_tokens, num_extra_free=extra):
+            return None
+        freed = 0
+        while victims and not kv.can_allocate(req, num_tokens):
+            victim = queue.select_victim(victims)
+            victims.remove(victim)
+            sr = planned.get(id(victim))
+            if sr is not None:
+                out.scheduled.remove(sr)
+                freed += sr.num_new_tokens
+            self.preempt(victim, out)
+            out.preempted.append(victim)
+        return freed
+
+    def _plan(self, req: Request, n: int, start: int) -> ScheduledRequest:
+        """The request's share of the step. NOTE: every policy plans through here, so a
+        swapped-out request's KV is copied back the first time it runs again."""
+        table = self.kv.allocator.block_table(req)
+        return ScheduledRequest(req, n, start, table, self.kv.swap_in(req))
+
+    def preempt(self, request: Request, out: SchedulerOutput | None = None) -> None:
+        """Take a running request off the device: free its KV and queue it again. Changes state.
+
+        Swap: when the KV manager's host pool holds its blocks (and `out` is given, to carry
+        the copies), its KV goes to host memory and comes back on re-admission. Otherwise
+        (recompute): its prompt and the outputs so far are prefilled again when it is
+        re-admitted. Either way its output is unchanged.
+        """
+        self.running.remove(request)
+        pairs = self.kv.swap_out(request) if out is not None else None
+        if pairs is None:
+            self.kv.free(request)
+            request.num_computed_tokens = 0
+        else:
+            out.swap_out.extend(pairs)
+            self.num_swaps += 1
+        request.status = RequestStatus.PREEMPTED
+        request.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(request)
+
+    def ensure_kv(
+        self, request: Request, num_tokens: int, candidates: list[Request], out: SchedulerOutput
+    ) -> bool:
+        """Make room for `request` to hold `num_tokens`, preempting `candidates` by policy.
+
+        `candidates` (requests not yet scheduled this step, `request` among them) shrinks in
+        place. Returns False if `request` itself had to be preempted.
+        """
+        while not self.kv.can_allocate(request, num_tokens):
+            victim = self.waiting.select_victim(candidates)
+            candidates.remove(victim)
+            self.preempt(victim, out)
+            out.preempted.append(victim)
+            if victim is request:
+                return False
+        self.kv.allocate(request, num_tokens)
+        return True
