@@ -3,34 +3,30 @@
 from __future__ import annotations
 
 import itertools
-import numbers
 import time
 
 from schedlab import registry
-from schedlab.config import ConfigError, EngineConfig, parse_bytes
+from schedlab.config import EngineConfig
 from schedlab.contracts import check_kv_ownership, check_plan
+from schedlab.engine_setup import (
+    DEFAULT_KV_MEMORY,
+    build_plugin,
+    check_prefix_cache_fits,
+    num_kv_blocks,
+    num_swap_blocks,
+    scheduler_limits,
+)
+from schedlab.engine_stats import engine_counters, step_stats
 from schedlab.executor import Clock, Executor, ExecutorOutput
+from schedlab.intake import prompt_ids, why_invalid
 from schedlab.kv_manager import KVCacheManager
 from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
-from schedlab.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from schedlab.scheduler import Scheduler, SchedulerOutput
 from schedlab.stats import EngineCounters, StepStats
 
-#: KV pool used when neither num_kv_blocks nor kv_cache_memory is set (and not on a GPU)
-DEFAULT_KV_MEMORY = 1 << 30
-
-
-def _build(kind: str, cls: type, options: dict, *args, spec: object = None):
-    label = registry.describe(cls if spec is None else spec)
-    registry.check_options(kind, cls, options, label)
-    try:
-        return cls(*args, **options)
-    except TypeError as e:
-        raise ConfigError(f"{kind} {label} could not be built with {kind}_options "
-                          f"{dict(options)}: {e}") from None
-
-
-def _is_token_id(t: object) -> bool:
-    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
+# NOTE: building and sizing live in schedlab.engine_setup, request checks in schedlab.intake and
+# the step records in schedlab.engine_stats; DEFAULT_KV_MEMORY stays importable from here.
+__all__ = ["DEFAULT_KV_MEMORY", "Engine"]
 
 
 class Engine:
@@ -58,56 +54,29 @@ class Engine:
         sched_cls, alloc_cls, pc_cls = (classes["scheduler"], classes["kv_allocator"],
                                         classes["prefix_cache"])
         self.scheduler_name = registry.describe(cfg.scheduler)
-        pc_name, alloc_name = registry.describe(cfg.prefix_cache), registry.describe(
-            cfg.kv_allocator)
-        if pc_cls.requires_sharing and not alloc_cls.supports_sharing:
-            raise ConfigError(
-                f"prefix_cache={pc_name} cannot work with kv_allocator="
-                f"{alloc_name}: a prefix cache shares blocks between requests and "
-                f"{alloc_name} gives each request a private region; use kv_allocator=paged"
-            )
-        self.executor: Executor = _build("executor", classes["executor"], cfg.executor_options, cfg,
-                                         spec=None if executor_cls else cfg.executor)
-        spec = self.executor.model_spec
-        self.model_spec = spec
-        max_len = cfg.max_model_len or spec.max_position_embeddings
-        if max_len > spec.max_position_embeddings:
-            raise ConfigError(
-                f"max_model_len={max_len} exceeds the model's max_position_embeddings="
-                f"{spec.max_position_embeddings}"
-            )
-        budget = cfg.max_num_batched_tokens
-        if budget is None:
-            budget = 2048 if sched_cls.chunks_prefill else max(2048, max_len)
-        if not sched_cls.chunks_prefill and budget < max_len:
-            raise ConfigError(
-                f"max_num_batched_tokens={budget} is smaller than max_model_len={max_len}: "
-                f"scheduler {self.scheduler_name} runs a prompt in one step, so a long one could "
-                "never run; raise max_num_batched_tokens, lower max_model_len, or use "
-                "scheduler=chunked_prefill"
-            )
-        self.max_model_len = max_len
-        self.max_num_batched_tokens = budget
+        check_prefix_cache_fits(cfg, pc_cls, alloc_cls)
+        self.executor: Executor = build_plugin("executor", classes["executor"],
+                                               cfg.executor_options, cfg,
+                                               spec=None if executor_cls else cfg.executor)
+        self.model_spec = self.executor.model_spec
+        limits = scheduler_limits(cfg, sched_cls, self.model_spec, self.scheduler_name)
+        self.max_model_len = max_len = limits.max_model_len
+        self.max_num_batched_tokens = limits.max_num_batched_tokens
 
         self.kv_spec = self.executor.kv_cache_spec(cfg.block_size)
-        self.num_kv_blocks = self._size_kv_pool(max_len)
+        self.num_kv_blocks = num_kv_blocks(cfg, self.kv_spec, self.executor, max_len)
         self.executor.initialize_cache(self.num_kv_blocks, cfg.block_size)
-        allocator = _build("kv_allocator", alloc_cls, cfg.kv_allocator_options,
-                           self.num_kv_blocks, cfg.block_size, max_len, spec=cfg.kv_allocator)
-        prefix_cache = _build("prefix_cache", pc_cls, cfg.prefix_cache_options, cfg.block_size,
-                              spec=cfg.prefix_cache)
-        queue = _build("queue", classes["queue"], cfg.queue_options, spec=cfg.queue)
-        self.num_swap_blocks = self._size_swap_pool()
+        allocator = build_plugin("kv_allocator", alloc_cls, cfg.kv_allocator_options,
+                                 self.num_kv_blocks, cfg.block_size, max_len,
+                                 spec=cfg.kv_allocator)
+        prefix_cache = build_plugin("prefix_cache", pc_cls, cfg.prefix_cache_options,
+                                    cfg.block_size, spec=cfg.prefix_cache)
+        queue = build_plugin("queue", classes["queue"], cfg.queue_options, spec=cfg.queue)
+        self.num_swap_blocks = num_swap_blocks(cfg, self.kv_spec)
         self.kv = KVCacheManager(allocator, prefix_cache, self.num_swap_blocks)
-        sched_cfg = SchedulerConfig(
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=budget,
-            max_model_len=max_len,
-            long_prefill_threshold=cfg.long_prefill_threshold,
-        )
-        self.scheduler: Scheduler = _build("scheduler", sched_cls, cfg.scheduler_options,
-                                           sched_cfg, self.kv, queue, spec=cfg.scheduler)
-        self._limits = sched_cfg
+        self.scheduler: Scheduler = build_plugin("scheduler", sched_cls, cfg.scheduler_options,
+                                                 limits, self.kv, queue, spec=cfg.scheduler)
+        self._limits = limits
         #: the last step's plan (checked in full by `check_integrity`)
         self.last_plan: SchedulerOutput | None = None
         if clock is not None:
@@ -118,33 +87,6 @@ class Engine:
         self.step_stats: list[StepStats] = []
         self._num_steps = 0
         self._ids = itertools.count()
-
-    def _size_kv_pool(self, max_len: int) -> int:
-        cfg = self.config
-        if cfg.num_kv_blocks is not None:
-            return cfg.num_kv_blocks
-        if cfg.kv_cache_memory is not None:
-            memory = parse_bytes(cfg.kv_cache_memory)
-        else:
-            memory = self.executor.available_kv_memory()
-            if memory is None:
-                # enough for every seat at full length, capped at DEFAULT_KV_MEMORY
-                need = (self.kv_spec.bytes_for(max_len, cfg.max_num_seqs)
-                        + self.kv_spec.bytes_per_block)
-                memory = min(DEFAULT_KV_MEMORY, need)
-        n = self.kv_spec.num_blocks_for(memory)
-        if n <= 0:
-            raise ConfigError(
-                f"kv_cache_memory={memory} bytes holds no block: one block of {cfg.block_size} "
-                f"tokens takes {self.kv_spec.bytes_per_block} bytes for this model"
-            )
-        return n
-
-    def _size_swap_pool(self) -> int:
-        """Host blocks for swap preemption: swap_space over one block's bytes (0: recompute)."""
-        if self.config.preemption_mode != "swap":
-            return 0
-        return parse_bytes(self.config.swap_space, "swap_space") // self.kv_spec.bytes_per_block
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(
@@ -180,12 +122,9 @@ class Engine:
         if rid in self.requests:
             raise ValueError(f"request_id {rid!r} is already in use")
         now = self.clock.now()
-        ids = list(prompt_token_ids)
-        if all(_is_token_id(t) for t in ids):
-            ids = [int(t) for t in ids]  # numpy / torch integers become plain ints
         req = Request(
             request_id=rid,
-            prompt_token_ids=ids,
+            prompt_token_ids=prompt_ids(prompt_token_ids),
             sampling_params=sp,
             arrival_time=now if arrival_time is None else arrival_time,
             priority=priority,
@@ -196,36 +135,13 @@ class Engine:
             eos_token_ids=frozenset(self.model_spec.eos_token_ids),
         )
         self.requests[rid] = req
-        reason = self._why_invalid(req)
+        reason = why_invalid(req, self.max_model_len, self.model_spec.vocab_size,
+                             self.kv.allocator)
         if reason is not None:
             req.end(RequestStatus.REJECTED, now, reason)
         else:
             self.scheduler.add_request(req)
         return req
-
-    def _why_invalid(self, req: Request) -> str | None:
-        n = req.num_prompt_tokens
-        if n == 0:
-            return "empty prompt: a request needs at least one prompt token"
-        vocab = self.model_spec.vocab_size
-        odd = next((t for t in req.prompt_token_ids if not _is_token_id(t)), None)
-        if odd is not None:
-            return f"prompt token {odd!r} is not an integer token id"
-        bad = next((t for t in req.prompt_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            return f"prompt token id {bad} is outside the vocabulary [0, {vocab})"
-        if n > self.max_model_len:
-            return f"prompt has {n} tokens, more than max_model_len={self.max_model_len}"
-        total = req.max_total_tokens
-        if total > self.max_model_len:
-            return (f"prompt ({n} tokens) + max_tokens ({req.sampling_params.max_tokens}) = "
-                    f"{total} exceeds max_model_len={self.max_model_len}")
-        alloc = self.kv.allocator
-        need = alloc.blocks_needed(req, total)
-        if need > alloc.num_blocks:
-            return (f"needs {need} KV blocks of {alloc.block_size} tokens but the whole pool has "
-                    f"{alloc.num_blocks}")
-        return None
 
     def abort(self, request_id: str) -> None:
         req = self.requests[request_id]
@@ -328,54 +244,16 @@ class Engine:
             f"scheduler {self.scheduler_name} could not schedule it with the KV pool and "
             "token budget it has", self.clock.now())
 
-    def _record(self, plan, result: ExecutorOutput, now: float, t_sched: float,
-                t_update: float) -> None:
-        u = self.kv.usage()
-        num_prefill, num_decode = plan.token_counts()
-        st = StepStats(
-            step=self._num_steps + 1,
-            time=now,
-            step_time=result.step_time,
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
-            num_scheduled_tokens=num_prefill + num_decode,
-            num_prefill_tokens=num_prefill,
-            num_decode_tokens=num_decode,
-            num_scheduled_seqs=len(plan.scheduled),
-            num_preempted=len(plan.preempted),
-            kv_used_blocks=u.used_blocks,
-            kv_free_blocks=u.free_blocks,
-            kv_cached_blocks=u.cached_blocks,
-            kv_reserved_tokens=u.reserved_tokens,
-            kv_used_tokens=u.used_tokens,
-            framework_time=t_sched + t_update,
-            schedule_time=t_sched,
-            update_time=t_update,
-        )
-        if result.timings is not None:
-            tm = result.timings
-            st.prepare_time, st.forward_time = tm.prepare, tm.forward
-            st.device_wait_time, st.sample_time = tm.device_wait, tm.sample
-        self.step_stats.append(st)
+    def _record(self, plan: SchedulerOutput, result: ExecutorOutput, now: float,
+                t_sched: float, t_update: float) -> None:
+        self.step_stats.append(step_stats(self._num_steps + 1, plan, result, now, t_sched,
+                                          t_update, self.scheduler, self.kv))
         self._num_steps += 1
 
     def counters(self) -> EngineCounters:
         """Cumulative counters and the current load, for drivers, servers and reports. No
         state change."""
-        s, kv = self.scheduler, self.kv
-        u = kv.usage()
-        return EngineCounters(
-            num_steps=self._num_steps,
-            num_running=len(s.running),
-            num_waiting=len(s.waiting),
-            num_preemptions=s.num_preemptions,
-            num_swaps=s.num_swaps,
-            num_prefix_hit_tokens=kv.num_prefix_hit_tokens,
-            num_prefix_query_tokens=kv.num_prefix_query_tokens,
-            num_kv_blocks=u.num_blocks,
-            kv_used_blocks=u.used_blocks,
-            kv_free_blocks=u.free_blocks,
-        )
+        return engine_counters(self._num_steps, self.scheduler, self.kv)
 
     def run_until_done(self, check: bool = False) -> None:
         """Step until every submitted request has finished. `check` runs `check_integrity()`

@@ -1,0 +1,49 @@
+"""Request intake: a caller's prompt made into plain token ids, and the checks that find a
+request that can never run (the engine rejects it with the reason instead of queueing it)."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable
+
+from schedlab.kv import KVAllocator
+from schedlab.request import Request
+
+
+def is_token_id(t: object) -> bool:
+    """Whether `t` is an integer (numpy and torch integers too), and not a bool."""
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
+
+
+def prompt_ids(prompt_token_ids: Iterable[object]) -> list:
+    """The prompt as a list; plain ints when every entry is an integer token id (the others
+    are left for `why_invalid` to name)."""
+    ids = list(prompt_token_ids)
+    if all(is_token_id(t) for t in ids):
+        ids = [int(t) for t in ids]  # numpy / torch integers become plain ints
+    return ids
+
+
+def why_invalid(req: Request, max_model_len: int, vocab_size: int,
+                alloc: KVAllocator) -> str | None:
+    """Why `req` can never run on this engine (None: it can). No state change."""
+    n = req.num_prompt_tokens
+    if n == 0:
+        return "empty prompt: a request needs at least one prompt token"
+    odd = next((t for t in req.prompt_token_ids if not is_token_id(t)), None)
+    if odd is not None:
+        return f"prompt token {odd!r} is not an integer token id"
+    bad = next((t for t in req.prompt_token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        return f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})"
+    if n > max_model_len:
+        return f"prompt has {n} tokens, more than max_model_len={max_model_len}"
+    total = req.max_total_tokens
+    if total > max_model_len:
+        return (f"prompt ({n} tokens) + max_tokens ({req.sampling_params.max_tokens}) = "
+                f"{total} exceeds max_model_len={max_model_len}")
+    need = alloc.blocks_needed(req, total)
+    if need > alloc.num_blocks:
+        return (f"needs {need} KV blocks of {alloc.block_size} tokens but the whole pool has "
+                f"{alloc.num_blocks}")
+    return None
