@@ -96,7 +96,9 @@ class AttentionMetadata:
     slot `PAD_SLOT_ID` (nothing is stored), context length 1, block-table row of zeros; their
     outputs are discarded. When the step is captured (`graph_capture`), the host copies are
     upper bounds fixed at capture time (`seq_lens_host` = the longest context a replay may
-    see), so a backend must read real lengths from the device tensors.
+    see), so a backend must read real lengths from the device tensors. A backend may derive
+    per-step state once per metadata object (at its first layer): every forward the graph
+    runner runs or captures gets a new object.
     """
 
     slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token
@@ -130,6 +132,11 @@ class AttentionBackend(ABC):
             else decodes are attended in padded groups (`padded_decode_groups`) that may read
             up to this fraction more K/V than the contexts hold. The simulator charges the
             padded reads.
+        graph_context_buckets: a captured decode step reads K/V up to the width of its block
+            tables (not each context's length), so the graph runner captures every batch
+            bucket once per context bucket (`graph_context_lens`) and hands a step block
+            tables of its context bucket's width; `False`: one capture per batch bucket over
+            `max_model_len`.
 
     Args:
         spec: the model's KV shape.
@@ -139,6 +146,7 @@ class AttentionBackend(ABC):
 
     supports_cuda_graphs: ClassVar[bool] = False
     decode_pad_waste: ClassVar[float | None] = None
+    graph_context_buckets: ClassVar[bool] = False
 
     def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device | str) -> None:
         self.spec = spec

@@ -1,5 +1,6 @@
 """CUDA graphs: bucket sizes, when graphs are used, and the padded decode path they replay
-(run eagerly on the CPU: greedy output must equal the unpadded path)."""
+(run eagerly on the CPU with the metadata a capture records: greedy output must equal the
+unpadded path)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import pytest
 import torch
 
 from schedlab import LLM, SamplingParams
+from schedlab.attention import AttentionBackend
 from schedlab.config import ConfigError, EngineConfig
 from schedlab.plugins.attention.sdpa import SDPABackend
 from schedlab.plugins.attention.triton import TritonBackend
-from schedlab.plugins.executors.cuda_graphs import graph_batch_sizes
+from schedlab.plugins.executors.cuda_graphs import graph_batch_sizes, graph_context_lens
 from schedlab.plugins.executors.torch_executor import cuda_graphs_enabled
 
 
@@ -24,6 +26,17 @@ def test_graph_batch_sizes_follow_vllm():
     # a bucket beyond max_num_seqs is never used: max_num_seqs itself is captured instead
     assert graph_batch_sizes([1, 512], 100) == [1, 100]
     assert graph_batch_sizes([], 6) == [1, 2, 4, 6]
+
+
+def test_graph_context_lens_are_few_and_geometric():
+    assert graph_context_lens(1024, 16) == [32, 64, 128, 256, 512, 1024]
+    # rounded up to whole blocks; the top one is max_model_len itself
+    assert graph_context_lens(1000, 16) == [32, 64, 128, 256, 512, 1000]
+    assert graph_context_lens(96, 4) == [4, 8, 12, 24, 48, 96]
+    assert graph_context_lens(64, 16) == [16, 32, 64]
+    assert graph_context_lens(10, 16) == [10]
+    # what the issue's GPU run captures for sdpa: 35 batch sizes x 6 context lengths
+    assert len(graph_batch_sizes([], 256)) * len(graph_context_lens(1024, 16)) == 210
 
 
 @pytest.mark.parametrize("bad", [[0], [4, -1], "8", [2.5], [True]])
@@ -37,17 +50,24 @@ def test_enforce_eager_must_be_a_bool():
         EngineConfig(model="m", enforce_eager="yes")
 
 
+class _EagerOnly(AttentionBackend):
+    def forward(self, layer_idx, query, key, value, meta, scale):
+        raise NotImplementedError
+
+
 def test_graphs_only_on_cuda_and_only_for_a_backend_that_can(caplog):
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    cfg = EngineConfig(model="m", attention="sdpa")
-    assert not cuda_graphs_enabled(cfg, cpu, TritonBackend)
-    assert cuda_graphs_enabled(EngineConfig(model="m", attention="triton"), gpu, TritonBackend)
-    assert not cuda_graphs_enabled(EngineConfig(model="m", attention="triton",
-                                                enforce_eager=True), gpu, TritonBackend)
+    assert not cuda_graphs_enabled(EngineConfig(model="m", attention="triton"), cpu,
+                                   TritonBackend)
+    for name, cls in (("triton", TritonBackend), ("sdpa", SDPABackend)):
+        assert cuda_graphs_enabled(EngineConfig(model="m", attention=name), gpu, cls)
+        assert not cuda_graphs_enabled(EngineConfig(model="m", attention=name,
+                                                    enforce_eager=True), gpu, cls)
+    cfg = EngineConfig(model="m", attention="mine")
     with caplog.at_level(logging.WARNING):
-        assert not cuda_graphs_enabled(cfg, gpu, SDPABackend)
+        assert not cuda_graphs_enabled(cfg, gpu, _EagerOnly)
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and "attention=sdpa cannot run inside a CUDA graph" in lines[0]
+    assert len(lines) == 1 and "attention=mine cannot run inside a CUDA graph" in lines[0]
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -55,36 +75,76 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(2, 400) for _ in range(rng.randint(3, 40))] for _ in range(n)]
 
 
-def _generate(model_dir: str, emulate: bool, counter: list[int] | None = None,
+PROMPT_LENS = [80, 60, 44, 30, 22, 16, 11, 8, 5, 4, 3]
+OUTPUT_LENS = [3, 4, 5, 6, 7, 8, 10, 12, 14, 15, 16]
+
+
+def _generate(model_dir: str, emulate: bool, steps: list[tuple] | None = None,
               **kw) -> list[list[int]]:
+    """Greedy outputs of 11 requests; with `steps`, each decode-only step is logged as
+    ("graph", num_seqs, longest context, the metadata layer 0 of its forward saw) or
+    ("eager", num_seqs, longest context, None)."""
     llm = LLM(model_dir, block_size=4, max_model_len=96, num_kv_blocks=160,
               executor_options={"emulate_cuda_graphs": emulate}, **kw)
     runner = llm.engine.executor.graph_runner
     assert (runner is not None) == emulate
-    if counter is not None:
-        real_run = runner.run
+    if steps is not None:
+        real_run, real_fits, real_attend = runner.run, runner.fits, runner.backend.forward
+        seen = []
 
-        def counting(input_ids, positions, meta):
-            counter.append(meta.num_seqs)
-            return real_run(input_ids, positions, meta)
+        def run(input_ids, positions, meta):
+            seen.clear()
+            out = real_run(input_ids, positions, meta)
+            steps.append(("graph", meta.num_seqs, meta.max_seq_len, seen[0]))
+            return out
 
-        runner.run = counting
-    # uneven output lengths: the decode batch shrinks through every bucket size
+        def fits(meta):
+            ok = real_fits(meta)
+            if not ok and meta.num_decodes == meta.num_seqs:
+                steps.append(("eager", meta.num_seqs, meta.max_seq_len, None))
+            return ok
+
+        def attend(layer_idx, query, key, value, meta, scale):
+            if layer_idx == 0:
+                seen.append(meta)
+            return real_attend(layer_idx, query, key, value, meta, scale)
+
+        runner.run, runner.fits, runner.backend.forward = run, fits, attend
+    # the longest prompts stop first: the decode batch shrinks through every bucket size
+    # while its longest context falls through several context buckets
     rng = random.Random(1)
-    params = [SamplingParams(temperature=0.0, max_tokens=rng.randint(2, 14), ignore_eos=True)
-              for _ in range(11)]
-    return [o.outputs[0].token_ids for o in llm.generate(_prompts(11), params)]
+    prompts = [[rng.randrange(2, 400) for _ in range(n)] for n in PROMPT_LENS]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
+              for m in OUTPUT_LENS]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
 
 def test_padded_bucketed_decodes_give_the_eager_output(llama_dir):
     """11 requests, buckets 1, 2, 4, 8: a batch of 9-11 decodes runs eagerly, smaller ones
-    are padded (3 -> 4, 5 -> 8, ...) through the graph path's persistent buffers."""
+    are padded (3 -> 4, 5 -> 8, ...) and, sdpa needing them, given a context bucket (4, 8,
+    12, 24, 48, 96 tokens) apart from their batch bucket; each forward sees the metadata a
+    capture records."""
     eager = _generate(llama_dir, emulate=False)
-    used: list[int] = []
-    padded = _generate(llama_dir, emulate=True, counter=used, cuda_graph_sizes=[1, 2, 4, 8])
+    steps: list[tuple] = []
+    padded = _generate(llama_dir, emulate=True, steps=steps, cuda_graph_sizes=[1, 2, 4, 8])
     assert padded == eager
-    assert used and max(used) <= 8
-    assert any(n not in (1, 2, 4, 8) for n in used), "no step was padded"
+    graph = [(n, ctx, meta) for kind, n, ctx, meta in steps if kind == "graph"]
+    assert any(n > 8 for kind, n, _, _ in steps if kind == "eager"), "no batch beyond buckets"
+    assert any(n not in (1, 2, 4, 8) for n, _, _ in graph), "no step was padded"
+    sizes, lens = [1, 2, 4, 8], [4, 8, 12, 24, 48, 96]
+    pairs = set()
+    for n, ctx, meta in graph:
+        size = min(b for b in sizes if b >= n)
+        context = min(c for c in lens if c >= ctx)
+        pairs.add((size, context))
+        # exactly what a capture of bucket (size, context) records
+        assert meta.graph_capture and meta.num_seqs == meta.num_decodes == size
+        assert meta.seq_lens_host == [context] * size and meta.max_seq_len == context
+        assert meta.block_tables.shape == (size, context // 4)
+    # batch and context buckets vary apart: one batch size over several context lengths,
+    # one context length over several batch sizes
+    assert max(sum(s == b for s, _ in pairs) for b in sizes) >= 2, pairs
+    assert max(sum(c == x for _, c in pairs) for x in lens) >= 2, pairs
 
 
 @pytest.mark.slow  # about a minute in the interpreter; seconds on a GPU
@@ -96,22 +156,25 @@ def test_padded_path_with_triton_kernels(llama_dir):
         except RuntimeError as e:
             pytest.skip(str(e))
     kw = dict(attention="triton", max_num_seqs=5, cuda_graph_sizes=[2, 4])
-    used: list[int] = []
+    steps: list[tuple] = []
     llm_kw = dict(kw, device="cuda" if torch.cuda.is_available() else "cpu")
     eager = _generate(llama_dir, emulate=False, **llm_kw)
-    padded = _generate(llama_dir, emulate=True, counter=used, **llm_kw)
+    padded = _generate(llama_dir, emulate=True, steps=steps, **llm_kw)
     assert padded == eager
-    assert 3 in used  # padded to 4
+    graph = [(n, meta) for kind, n, _, meta in steps if kind == "graph"]
+    assert any(n == 3 for n, _ in graph)  # padded to 4
+    # one context bucket (triton reads each context's length): host copies max_model_len
+    assert all(m.graph_capture and m.seq_lens_host == [96] * m.num_seqs for _, m in graph)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float32"])
-def test_captured_graphs_give_the_eager_output(llama_dir, dtype):
-    """On a GPU: graphs captured at start and replayed; greedy output equals eager."""
+@pytest.mark.parametrize("attention", ["triton", "sdpa"])
+def test_captured_graphs_give_the_eager_output(llama_dir, attention):
+    """On a GPU: graphs captured at start and replayed; greedy output equals eager (fp32)."""
     def run(enforce_eager: bool) -> tuple[list[list[int]], LLM]:
-        llm = LLM(llama_dir, attention="triton", device="cuda", dtype=dtype, block_size=16,
-                  max_model_len=96, num_kv_blocks=160, enforce_eager=enforce_eager,
-                  cuda_graph_sizes=[1, 2, 4, 8])
+        llm = LLM(llama_dir, attention=attention, device="cuda", dtype="float32",
+                  block_size=16, max_model_len=96, num_kv_blocks=160,
+                  enforce_eager=enforce_eager, cuda_graph_sizes=[1, 2, 4, 8])
         rng = random.Random(1)
         params = [SamplingParams(temperature=0.0, max_tokens=rng.randint(2, 14),
                                  ignore_eos=True) for _ in range(11)]
@@ -121,5 +184,7 @@ def test_captured_graphs_give_the_eager_output(llama_dir, dtype):
     graphed, llm_g = run(False)
     assert llm_e.engine.executor.graph_runner is None
     runner = llm_g.engine.executor.graph_runner
-    assert runner is not None and sorted(runner.graphs) == [1, 2, 4, 8]
+    contexts = [16, 32, 48, 96] if attention == "sdpa" else [96]
+    assert runner is not None and runner.capture
+    assert sorted(runner.graphs) == [(b, c) for b in (1, 2, 4, 8) for c in contexts]
     assert graphed == eager

@@ -42,6 +42,8 @@ class _StepPlan:
     decodes: list[_DecodeGroup]
     prefills: list[_PrefillSeq]
     stored: torch.Tensor | None  # rows whose K/V are stored; None: all (no padding slots)
+    #: a captured step: every row's slot, padding sent to the sink slot (None: eager)
+    sink_slots: torch.Tensor | None = None
 
 
 class SDPABackend(AttentionBackend):
@@ -58,8 +60,14 @@ class SDPABackend(AttentionBackend):
     no earlier context attends over its own new K/V without reading the cache. Masks, block
     indices and groups are built once per step, at the first layer, and reused by the others.
 
-    Its per-step plan is built from the host copies of the metadata, so it cannot run inside a
-    CUDA graph (`supports_cuda_graphs = False`): the executor runs it eagerly.
+    A captured decode step (`meta.graph_capture`, decodes only; `supports_cuda_graphs`) reads
+    no host copy and never syncs: one SDPA call over all decodes, K/V gathered through the
+    block tables up to their full width (fixed at capture: the graph runner gives each context
+    bucket its own capture and width, `graph_context_buckets`), an additive mask from the
+    device `seq_lens`, and every row's K/V stored with one `index_copy_` whose padding slots
+    (`PAD_SLOT_ID`) are redirected by `torch.where` to a sink slot: one extra cache block past
+    the `num_blocks` the allocator hands out (`k_caches` are views without it), written and
+    never read. Eager steps (prefills, mixed steps, `enforce_eager`) take the grouped path.
 
     Args:
         spec: the model's KV shape.
@@ -70,12 +78,19 @@ class SDPABackend(AttentionBackend):
             (default) takes the device's entry of `DECODE_GROUP_TOKENS`; 0: no cap.
     """
 
-    supports_cuda_graphs = False
+    supports_cuda_graphs = True
     decode_pad_waste = DECODE_PAD_WASTE
+    graph_context_buckets = True
 
     def __init__(self, spec, num_blocks, device, decode_pad_waste: float = DECODE_PAD_WASTE,
                  decode_group_tokens: int | None = None):
-        super().__init__(spec, num_blocks, device)
+        # NOTE: one block more than the pool: the sink of a captured step's padding slots
+        super().__init__(spec, num_blocks + 1, device)
+        self.num_blocks = num_blocks
+        self._k_full, self._v_full = self.k_caches, self.v_caches
+        self.k_caches = [k[:num_blocks] for k in self._k_full]
+        self.v_caches = [v[:num_blocks] for v in self._v_full]
+        self.sink_slot = num_blocks * self.block_size
         if (isinstance(decode_pad_waste, bool) or not isinstance(decode_pad_waste, int | float)
                 or not decode_pad_waste >= 0):
             raise ValueError(f"attention_options decode_pad_waste={decode_pad_waste!r} must be "
@@ -93,6 +108,9 @@ class SDPABackend(AttentionBackend):
 
     def _step_plan(self, meta: AttentionMetadata, dtype: torch.dtype) -> _StepPlan:
         if meta is self._meta and self._plan is not None:
+            return self._plan
+        if meta.graph_capture:
+            self._meta, self._plan = meta, self._captured_plan(meta, dtype)
             return self._plan
         bs, dev = self.block_size, self.device
         lens = meta.seq_lens_host
@@ -133,16 +151,34 @@ class SDPABackend(AttentionBackend):
         self._meta, self._plan = meta, _StepPlan(decodes, prefills, stored)
         return self._plan
 
+    def _captured_plan(self, meta: AttentionMetadata, dtype: torch.dtype) -> _StepPlan:
+        """The plan of a captured decode step: device tensors only, shapes from the metadata's
+        tensors (the block tables' width), no host copy read and no sync."""
+        if meta.num_decodes != meta.num_seqs:
+            raise ValueError("sdpa: a captured step (graph_capture) must be decodes only")
+        rows, width = meta.block_tables.shape
+        pad = (torch.arange(width * self.block_size, device=self.device)
+               >= meta.seq_lens[:, None])
+        mask = torch.zeros(pad.shape, dtype=dtype, device=self.device).masked_fill_(
+            pad, float("-inf"))
+        group = _DecodeGroup(0, rows, meta.block_tables.reshape(-1), mask[:, None, None, :])
+        slots = torch.where(meta.slot_mapping >= 0, meta.slot_mapping, self.sink_slot)
+        return _StepPlan([group], [], None, slots)
+
     def forward(self, layer_idx, query, key, value, meta: AttentionMetadata, scale):
         k_cache, v_cache = self.k_caches[layer_idx], self.v_caches[layer_idx]
         num_tokens, num_heads, head_dim = query.shape
         num_kv_heads = key.shape[1]
         group = num_heads // num_kv_heads
+        plan = self._step_plan(meta, query.dtype)
+        if plan.sink_slots is not None:  # captured: the sink block is in these views
+            k_cache, v_cache = self._k_full[layer_idx], self._v_full[layer_idx]
         k_flat = k_cache.view(-1, num_kv_heads, head_dim)
         v_flat = v_cache.view(-1, num_kv_heads, head_dim)
-        plan = self._step_plan(meta, query.dtype)
         slots, new_k, new_v = meta.slot_mapping, key, value
-        if plan.stored is not None:  # padding rows of a bucketed step: not stored
+        if plan.sink_slots is not None:
+            slots = plan.sink_slots
+        elif plan.stored is not None:  # padding rows of a bucketed step: not stored
             slots = slots.index_select(0, plan.stored)
             new_k, new_v = key.index_select(0, plan.stored), value.index_select(0, plan.stored)
         k_flat.index_copy_(0, slots, new_k.to(k_cache.dtype))

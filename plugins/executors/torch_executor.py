@@ -49,9 +49,10 @@ class TorchExecutor(Executor):
     the configured `AttentionBackend`; logits are computed only at the positions that sample.
 
     On a CUDA device (unless `enforce_eager`) decode-only steps of at most the largest of
-    `cuda_graph_sizes` sequences are padded to a bucket and replayed from CUDA graphs captured
-    at start (`DecodeGraphRunner`); other steps run eagerly. Each step reports its host time
-    by phase (`ExecutorOutput.timings`).
+    `cuda_graph_sizes` sequences are padded to a bucket (and a context bucket, for backends
+    that need one) and replayed from CUDA graphs captured at start (`DecodeGraphRunner`);
+    other steps run eagerly. Each step reports its host time by phase
+    (`ExecutorOutput.timings`).
     """
 
     def __init__(self, config: EngineConfig, num_threads: int | None = None,
@@ -61,8 +62,8 @@ class TorchExecutor(Executor):
             num_threads: torch's intra-op threads on the CPU (None: torch's default); one
                 thread gives steadier timings on a small shared machine.
             emulate_cuda_graphs: run decode steps through the CUDA-graph path (padded to a
-                bucket, persistent buffers) without capturing: a CPU test of what the graphs
-                replay. Ignored when graphs are captured.
+                bucket, persistent buffers, the metadata a capture records) without capturing:
+                a CPU test of what the graphs replay. Ignored when graphs are captured.
         """
         from transformers import AutoModelForCausalLM
 
@@ -135,9 +136,7 @@ class TorchExecutor(Executor):
         input_ids, positions, meta, logits_idx, order = self.prepare(plan)
         t1 = time.perf_counter()
         runner = self.graph_runner
-        if (runner is not None and meta.num_decodes == meta.num_seqs
-                and runner.bucket(meta.num_seqs) is not None
-                and meta.block_tables.shape[1] <= runner.block_tables.shape[1]):
+        if runner is not None and runner.fits(meta):
             logits = runner.run(input_ids, positions, meta)
         else:
             logits = self.model(
