@@ -1,4 +1,9 @@
-"""The engine: builds the plugins from a config and runs schedule -> execute -> update."""
+"""The engine: builds the plugins from a config and runs schedule -> execute -> update.
+
+Building and sizing live in `schedlab.engine_setup`, the checks on a new request in
+`schedlab.intake` and the step records in `schedlab.engine_stats`. Names imported `as`
+themselves are re-exported: they were importable from here before that split.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,12 @@ import itertools
 import time
 
 from schedlab import registry
+from schedlab.config import ConfigError as ConfigError
 from schedlab.config import EngineConfig
+from schedlab.config import parse_bytes as parse_bytes
 from schedlab.contracts import check_kv_ownership, check_plan
+from schedlab.engine_setup import DEFAULT_KV_MEMORY as DEFAULT_KV_MEMORY
 from schedlab.engine_setup import (
-    DEFAULT_KV_MEMORY,
     build_plugin,
     check_prefix_cache_fits,
     num_kv_blocks,
@@ -22,11 +29,8 @@ from schedlab.intake import prompt_ids, why_invalid
 from schedlab.kv_manager import KVCacheManager
 from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerOutput
+from schedlab.scheduler import SchedulerConfig as SchedulerConfig
 from schedlab.stats import EngineCounters, StepStats
-
-# NOTE: building and sizing live in schedlab.engine_setup, request checks in schedlab.intake and
-# the step records in schedlab.engine_stats; DEFAULT_KV_MEMORY stays importable from here.
-__all__ = ["DEFAULT_KV_MEMORY", "Engine"]
 
 
 class Engine:

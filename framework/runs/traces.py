@@ -12,6 +12,7 @@ and what is wrong.
 
 This module checks the spec and makes arrival times relative; the per-format readers live in
 `schedlab.runs.trace_json` (ShareGPT, JSONL) and `schedlab.runs.trace_csv` (Azure, BurstGPT).
+Names imported `as` themselves are re-exported: they were importable from here before that split.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from schedlab.runs.distributions import FIRST_TOKEN_ID as FIRST_TOKEN_ID
 from schedlab.runs.distributions import WorkloadError, WorkloadRequest, sample_lengths
+from schedlab.runs.distributions import random_tokens as random_tokens
+from schedlab.runs.distributions import sample_seconds as sample_seconds
+from schedlab.runs.sessions import session_requests as session_requests
 from schedlab.runs.trace_csv import read_csv
 from schedlab.runs.trace_json import read_jsonl, read_sharegpt, read_sharegpt_sessions
-from schedlab.runs.trace_rows import TraceRow, text_to_token_ids
-
-# NOTE: `text_to_token_ids` lives in schedlab.runs.trace_rows; importing it from here is supported.
-__all__ = ["FORMATS", "load_trace", "text_to_token_ids"]
+from schedlab.runs.trace_rows import TraceRow
+from schedlab.runs.trace_rows import text_to_token_ids as text_to_token_ids
 
 FORMATS = ("sharegpt", "azure", "burstgpt", "jsonl")
 
