@@ -13,10 +13,10 @@ Engines (each timed after a warm-up run of a few requests, so Triton compilation
 selection are not in the timed region; CUDA-graph capture happens when the engine is built and
 is reported separately as `build_s`):
 
-- `sdpa-eager`, `triton-eager`, `triton-graphs`: continuous scheduler, paged KV. `sdpa-graphs`
-  runs only when asked for (and in the smoke run, where "graphs" means the padded path they
-  replay, run eagerly): the sdpa backend cannot be captured, so on a GPU it runs eagerly (one
-  log line says so) and repeats `sdpa-eager`.
+- `sdpa-eager`, `sdpa-graphs`, `triton-eager`, `triton-graphs`: continuous scheduler, paged
+  KV. sdpa's graphs are captured per (batch, context-length) bucket (210 graphs here: 35 batch
+  sizes x 6 context lengths; triton's: 35); in the smoke run "graphs" means the padded path
+  they replay, run eagerly with the metadata a capture records.
 - `sdpa-chunked`, `triton-graphs-chunked`: chunked_prefill with a 2,048-token budget.
 - `hf-static`: `generate()` in static batches of 64 sorted by prompt length, left padded.
 - `hf-cb`: transformers' continuous batching (`init_continuous_batching`), as in
@@ -60,8 +60,8 @@ LLAMA_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
                 num_key_value_heads=8, intermediate_size=5632, vocab_size=32000)
 ENGINES = ("sdpa-eager", "sdpa-graphs", "triton-eager", "triton-graphs", "sdpa-chunked",
            "triton-graphs-chunked", "hf-static", "hf-cb", "sim")
-#: a full run skips sdpa-graphs: sdpa cannot be captured, so it would repeat sdpa-eager
-FULL_ENGINES = tuple(e for e in ENGINES if e != "sdpa-graphs")
+#: the full run's engines: every one (sdpa-graphs too, now that sdpa can be captured)
+FULL_ENGINES = ENGINES
 
 
 @dataclass(slots=True)
@@ -304,8 +304,7 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny model and workload on whatever device there is (a test)")
     ap.add_argument("--engines", default=None,
-                    help=f"comma-separated subset of {', '.join(ENGINES)} (default: all; "
-                         "without --smoke all but sdpa-graphs)")
+                    help=f"comma-separated subset of {', '.join(ENGINES)} (default: all)")
     ap.add_argument("--num-requests", type=int, default=None)
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled decode steps")
     ap.add_argument("--seed", type=int, default=0)
@@ -396,7 +395,8 @@ def _main(argv: list[str] | None) -> int:
                 row.phases_ms = phases(steps)
                 runner = eng.executor.graph_runner
                 row.note = ("graphs " + ("captured" if runner.capture else "emulated (padded)")
-                            + f" for {len(runner.sizes)} sizes") if runner else "eager"
+                            + f" for {len(runner.sizes)} sizes x {len(runner.context_lens)} "
+                            "context lengths") if runner else "eager"
                 if "graphs" in name and runner is None:
                     row.note = f"eager: {name.split('-')[0]} cannot be captured"
                 outputs[name] = outs

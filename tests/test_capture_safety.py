@@ -88,17 +88,29 @@ def _params():
 def test_captured_decode_forwards_hold_no_sync(attention, family, llama_dir, qwen2_dir):
     """Requests run through the emulated graph path; every bucket forward it runs (with the
     metadata a capture records) is recorded: the backend, the model's layers and the LM head
-    run no op that would sync or size an output from data, and stay on the step's device."""
+    run no op that would sync or size an output from data."""
     cls = registry.load("attention", attention)
     try:
         cls.check_available(torch.device("cpu"))
     except RuntimeError as e:
         pytest.skip(str(e))
-    model_dir = {"llama": llama_dir, "qwen2": qwen2_dir}[family]
-    llm = LLM(model_dir, attention=attention, block_size=4, max_model_len=64,
+    _check_bucket_forwards({"llama": llama_dir, "qwen2": qwen2_dir}[family], attention, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["sdpa", "triton"])
+def test_captured_decode_forwards_hold_no_sync_on_cuda(attention, llama_dir):
+    """The same on a GPU, graphs not captured (enforce_eager), so every op is seen: there a
+    `.tolist()` or a tensor left on the CPU shows too (a copy across devices)."""
+    _check_bucket_forwards(llama_dir, attention, "cuda", enforce_eager=True)
+
+
+def _check_bucket_forwards(model_dir: str, attention: str, device: str, **kw) -> None:
+    llm = LLM(model_dir, attention=attention, device=device, block_size=4, max_model_len=64,
               num_kv_blocks=64, cuda_graph_sizes=[2, 4],
-              executor_options={"emulate_cuda_graphs": True})
+              executor_options={"emulate_cuda_graphs": True}, **kw)
     runner = llm.engine.executor.graph_runner
+    assert runner is not None and not runner.capture
     real_forward = runner._forward
     recorders: list[CaptureSafetyRecorder] = []
 
