@@ -29,11 +29,12 @@ def test_graph_batch_sizes_follow_vllm():
 
 
 def test_graph_context_lens_are_few_and_geometric():
-    assert graph_context_lens(1024, 16) == [32, 64, 128, 256, 512, 1024]
-    # rounded up to whole blocks; the top one is max_model_len itself
-    assert graph_context_lens(1000, 16) == [32, 64, 128, 256, 512, 1000]
-    assert graph_context_lens(96, 4) == [4, 8, 12, 24, 48, 96]
-    assert graph_context_lens(64, 16) == [16, 32, 64]
+    # ratio sqrt(2): 1024 / 2**(k/2) = 1024, 724, 512, 362, 256, 181 up to whole blocks
+    assert graph_context_lens(1024, 16) == [192, 256, 368, 512, 736, 1024]
+    # the top one is max_model_len itself; duplicates after rounding are dropped
+    assert graph_context_lens(1000, 16) == [192, 256, 368, 512, 720, 1000]
+    assert graph_context_lens(96, 4) == [20, 24, 36, 48, 68, 96]
+    assert graph_context_lens(64, 16) == [16, 32, 48, 64]
     assert graph_context_lens(10, 16) == [10]
     # what the issue's GPU run captures for sdpa: 35 batch sizes x 6 context lengths
     assert len(graph_batch_sizes([], 256)) * len(graph_context_lens(1024, 16)) == 210
@@ -121,8 +122,8 @@ def _generate(model_dir: str, emulate: bool, steps: list[tuple] | None = None,
 
 def test_padded_bucketed_decodes_give_the_eager_output(llama_dir):
     """11 requests, buckets 1, 2, 4, 8: a batch of 9-11 decodes runs eagerly, smaller ones
-    are padded (3 -> 4, 5 -> 8, ...) and, sdpa needing them, given a context bucket (4, 8,
-    12, 24, 48, 96 tokens) apart from their batch bucket; each forward sees the metadata a
+    are padded (3 -> 4, 5 -> 8, ...) and, sdpa needing them, given a context bucket (20, 24,
+    36, 48, 68, 96 tokens) apart from their batch bucket; each forward sees the metadata a
     capture records."""
     eager = _generate(llama_dir, emulate=False)
     steps: list[tuple] = []
@@ -131,7 +132,7 @@ def test_padded_bucketed_decodes_give_the_eager_output(llama_dir):
     graph = [(n, ctx, meta) for kind, n, ctx, meta in steps if kind == "graph"]
     assert any(n > 8 for kind, n, _, _ in steps if kind == "eager"), "no batch beyond buckets"
     assert any(n not in (1, 2, 4, 8) for n, _, _ in graph), "no step was padded"
-    sizes, lens = [1, 2, 4, 8], [4, 8, 12, 24, 48, 96]
+    sizes, lens = [1, 2, 4, 8], [20, 24, 36, 48, 68, 96]
     pairs = set()
     for n, ctx, meta in graph:
         size = min(b for b in sizes if b >= n)
@@ -184,7 +185,7 @@ def test_captured_graphs_give_the_eager_output(llama_dir, attention):
     graphed, llm_g = run(False)
     assert llm_e.engine.executor.graph_runner is None
     runner = llm_g.engine.executor.graph_runner
-    contexts = [16, 32, 48, 96] if attention == "sdpa" else [96]
+    contexts = [32, 48, 80, 96] if attention == "sdpa" else [96]
     assert runner is not None and runner.capture
     assert sorted(runner.graphs) == [(b, c) for b in (1, 2, 4, 8) for c in contexts]
     assert graphed == eager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,19 +42,20 @@ def graph_batch_sizes(sizes: Sequence[int], max_num_seqs: int) -> list[int]:
 def graph_context_lens(max_model_len: int, block_size: int, num: int = 6) -> list[int]:
     """The context buckets of a backend that captures per context length (ascending).
 
-    Geometric with ratio 2 down from `max_model_len`: `max_model_len / 2**k` for k < `num`,
-    each rounded up to whole blocks, duplicates dropped. A decode step goes to the smallest
-    bucket holding its longest context, so a captured step reads at most twice the K/V width
-    its longest context needs (below the smallest bucket: up to that bucket). Six buckets keep
-    the graph count at 6x the batch buckets (210 for max_num_seqs=256) while the smallest
-    bucket, 1/32 of `max_model_len`, still fits short contexts.
+    Geometric with ratio sqrt(2) down from `max_model_len`: `max_model_len / 2**(k/2)` for
+    k < `num`, each rounded up to whole blocks, duplicates dropped (1024 tokens, blocks of 16:
+    192, 256, 368, 512, 736, 1024). A decode step goes to the smallest bucket holding its
+    longest context, so each row reads at most ~1.41x that context's K/V width (below the
+    smallest bucket, 0.18x `max_model_len`: up to that bucket); the most padding a row can
+    get is ~0.29x `max_model_len` (ratio 2 would allow 0.5x, e.g. 513 -> 1024). Six buckets
+    keep the graph count at 6x the batch buckets (210 for max_num_seqs=256).
     """
     if max_model_len < 1 or block_size < 1 or num < 1:
         raise ValueError(f"graph_context_lens({max_model_len}, {block_size}, {num}): "
                          "every argument must be >= 1")
     lens = set()
     for k in range(num):
-        ctx = -(-max_model_len // 2**k)
+        ctx = math.ceil(max_model_len / 2 ** (k / 2))
         lens.add(min(max_model_len, -(-ctx // block_size) * block_size))
     return sorted(lens)
 
