@@ -25,6 +25,9 @@ from schedlab.kernels._launch import (
     next_pow2,
 )
 
+#: this module's Triton kernels, by name (`compile_check` compiles each launch of them)
+JIT_KERNELS = ('_decode_kernel', '_reduce_kernel')
+
 
 @triton.jit
 def attend_tile(

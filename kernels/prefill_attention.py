@@ -19,6 +19,9 @@ import triton.language as tl
 from schedlab.kernels._launch import check_cache, check_index, check_rows, dot_in_fp32, next_pow2
 from schedlab.kernels.decode_attention import attend, attend_tile, gather_context
 
+#: this module's Triton kernels, by name (`compile_check` compiles each launch of them)
+JIT_KERNELS = ('_prefill_kernel',)
+
 
 @triton.jit
 def _prefill_kernel(

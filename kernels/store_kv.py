@@ -12,6 +12,9 @@ import triton.language as tl
 
 from schedlab.kernels._launch import check_cache, check_index, check_rows, next_pow2
 
+#: this module's Triton kernels, by name (`compile_check` compiles each launch of them)
+JIT_KERNELS = ('_store_kv_kernel',)
+
 
 @triton.jit
 def _store_kv_kernel(
