@@ -9,7 +9,7 @@
 #        OUT=/some/dir experiments/gpu_check.sh
 #
 # Stages (each under its own time limit; a failing stage does not stop the others):
-#   kernels   pytest tests/kernels tests/test_triton_backend.py -m "gpu or not gpu"
+#   kernels   pytest tests/kernels tests/test_triton_backend.py -m "gpu or not gpu" (xdist -n 8)
 #   gpu       every test marked gpu (and the slow padded-path test that GPU runs in seconds)
 #   attn      python -m schedlab.kernels.bench_attention --dtypes bf16 --sweep-splits
 #   bench     experiments/bench_gpu.py (its engines in order of value; partial results kept)
@@ -95,19 +95,22 @@ EOF
 # ---- tests ---------------------------------------------------------------------------------
 GPU_TESTS=$( (grep -l "mark.gpu" tests/*.py tests/kernels/*.py; echo tests/test_cuda_graphs.py) \
     2>/dev/null | sort -u | tr '\n' ' ')
-stage kernels 150 "$PY" -m pytest -q -p no:cacheprovider --junitxml="$LOGS/kernels.xml" \
+# the kernel tests compile a few dozen Triton variants: in parallel where pytest-xdist is there
+XDIST=()
+"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 8)
+stage kernels 110 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" --junitxml="$LOGS/kernels.xml" \
     tests/kernels tests/test_triton_backend.py -m "gpu or not gpu"
 # shellcheck disable=SC2086
-stage gpu 90 "$PY" -m pytest -q -p no:cacheprovider --junitxml="$LOGS/gpu.xml" \
+stage gpu 80 "$PY" -m pytest -q -p no:cacheprovider --junitxml="$LOGS/gpu.xml" \
     $GPU_TESTS -m "gpu or slow"
 { echo "## kernels"; tail -n 40 "$LOGS/kernels.log"; echo; echo "## gpu"; tail -n 40 "$LOGS/gpu.log"; } \
     >"$OUT/pytest.txt"
 
 # ---- benchmarks ----------------------------------------------------------------------------
-stage attn 120 "$PY" -m schedlab.kernels.bench_attention --dtypes bf16 --sweep-splits
+stage attn 110 "$PY" -m schedlab.kernels.bench_attention --dtypes bf16 --sweep-splits
 cp "$LOGS/attn.log" "$OUT/bench_attention.md"
 mkdir -p "$LOGS/bench_gpu"
-stage bench 200 "$PY" experiments/bench_gpu.py --out "$LOGS/bench_gpu" \
+stage bench 260 "$PY" experiments/bench_gpu.py --out "$LOGS/bench_gpu" \
     --engines "triton-graphs,triton-eager,sdpa-graphs,sim,sdpa-eager,sdpa-chunked,triton-graphs-chunked,hf-cb,hf-static"
 cp "$LOGS/bench_gpu/bench_gpu.json" "$LOGS/bench_gpu/bench_gpu.md" "$OUT/" 2>/dev/null
 
