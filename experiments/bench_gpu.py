@@ -23,6 +23,13 @@ is reported separately as `build_s`):
   `bench_vs_transformers.py`.
 - `sim`: `executor=sim hardware=h200` (the smoke run: `hardware=cpu`) on the same model config
   and workload; its duration is the predicted one.
+- `sim-calibrated`: `schedlab calibrate` on this device first (the bench's model and dtype,
+  attention=triton with CUDA graphs as `triton-graphs` runs; the smoke run: sdpa, eager, as
+  Triton on a CPU needs its interpreter), over `bench_grid`'s step shapes, then the same
+  prediction with `hardware=<the fitted profile>` (written as `bench_gpu_sim_profile.json`
+  next to bench_gpu.json, and into bench_gpu.json's `sim_calibrated`). Its note gives the
+  calibration's seconds, the fit's mean error and the prediction over the engine it was
+  calibrated on (`triton-graphs`; the smoke run: `sdpa-eager`) when that one ran first.
 
 Then a decode step at ~256 running sequences (the smoke run: all of its requests) is profiled
 with `torch.profiler` for each schedlab backend mode: wall time per step, GPU-busy time (sum of
@@ -59,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LLAMA_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
                 num_key_value_heads=8, intermediate_size=5632, vocab_size=32000)
 ENGINES = ("sdpa-eager", "sdpa-graphs", "triton-eager", "triton-graphs", "sdpa-chunked",
-           "triton-graphs-chunked", "hf-static", "hf-cb", "sim")
+           "triton-graphs-chunked", "hf-static", "hf-cb", "sim", "sim-calibrated")
 #: the full run's engines: every one (sdpa-graphs too, now that sdpa can be captured)
 FULL_ENGINES = ENGINES
 
@@ -203,23 +210,119 @@ def run_hf_static(model, wl: Workload, batch: int, device: str) -> tuple[float, 
 
 
 # ---- the simulator ----------------------------------------------------------------------------
-def run_sim(model_dir: str, wl: Workload, setup: Setup, name: str) -> tuple[float, int]:
-    """Predicted duration of the same workload with `executor=sim hardware=<setup>`."""
+def run_sim(model_dir: str, wl: Workload, setup: Setup, name: str,
+            hardware: str | None = None, attention: str = "triton") -> tuple[float, int]:
+    """Predicted duration of the same workload with `executor=sim hardware=<hardware>`
+    (default the setup's preset) and `attention` (the decode padding the sim charges)."""
     from schedlab.config import EngineConfig
     from schedlab.engine import Engine
     from schedlab.request import SamplingParams
 
     chunked = name.endswith("chunked")
-    cfg = EngineConfig(model=model_dir, executor="sim", attention="triton",
+    cfg = EngineConfig(model=model_dir, executor="sim", attention=attention,
                        scheduler="chunked_prefill" if chunked else "continuous",
                        max_num_seqs=256, max_num_batched_tokens=2048 if chunked else None,
                        max_model_len=setup.max_model_len,
-                       executor_options={"hardware": setup.hardware, "dtype": setup.dtype})
+                       executor_options={"hardware": hardware or setup.hardware,
+                                         "dtype": setup.dtype})
     eng = Engine(cfg)
     for p, o in zip(wl.prompts, wl.output_lens, strict=True):
         eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True))
     eng.run_until_done()
     return eng.clock.now(), len(eng.step_stats)
+
+
+# ---- the simulator, calibrated here -----------------------------------------------------------
+#: timed repeats per shape of the bench's calibration (the median of 3 is fitted)
+CALIBRATION_REPEATS = 3
+#: what the bench's continuous engines run under: max_num_seqs, and the token budget (the
+#: scheduler's default when max_num_batched_tokens is unset)
+MAX_NUM_SEQS, STEP_BUDGET = 256, 2048
+Shape = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def calibration_attention(setup: Setup) -> tuple[str, str]:
+    """(the backend the calibration runs, the bench engine that runs the same way)."""
+    if setup.device == "cuda":
+        return "triton", "triton-graphs"
+    return "sdpa", "sdpa-eager"  # Triton on a CPU needs its interpreter (far too slow to time)
+
+
+def bench_grid(setup: Setup) -> list[Shape]:
+    """Step shapes like those the bench's continuous engines run on its workload, each a pair
+    (query lengths, cached tokens before them), every context within `max_model_len`.
+
+    With n requests (at most `MAX_NUM_SEQS`): decode batches of 1, n/8, n/2 and n sequences at
+    three contexts (a middle prompt; it plus a middle output; the longest), and one of n over
+    contexts spread from the shortest to the longest (the run's decode-only steps, which CUDA
+    graphs replay); one shortest and one longest prompt, and middle prompts packed to the
+    2,048-token budget (the first steps); mixed steps of n/8 and n - k decodes (k: the packed
+    prompts) next to middle prompts filling the budget (admissions while others decode).
+    The full run: 18 shapes (contexts up to 768), the smoke run: 14.
+    """
+    (p_lo, p_hi), (o_lo, o_hi) = setup.prompt_range, setup.output_range
+    top = setup.max_model_len - 1  # cached tokens before a decode's one
+    n = min(setup.num_requests, MAX_NUM_SEQS)
+    p_mid, o_mid = (p_lo + p_hi) // 2, (o_lo + o_hi) // 2
+    ctx = sorted({min(top, c) for c in (p_mid, p_mid + o_mid, p_hi + o_hi - 1)})
+
+    def spread(b: int, lo: int, hi: int) -> tuple[int, ...]:
+        hi = min(top, hi)
+        return tuple(lo + (hi - lo) * i // max(1, b - 1) for i in range(b))
+
+    grid: list[Shape] = []
+    for b in sorted({1, max(1, n // 8), max(1, n // 2), n}):
+        grid += [((1,) * b, (c,) * b) for c in ctx]
+    grid.append(((1,) * n, spread(n, p_lo, p_hi + o_hi - 1)))
+    k = max(1, min(n, STEP_BUDGET // p_mid))
+    grid += [((p_lo,), (0,)), ((p_hi,), (0,)), ((p_mid,) * k, (0,) * k)]
+    for b in sorted({max(1, n // 8), max(1, n - k)}):
+        m = max(1, min(n - b, (STEP_BUDGET - b) // p_mid))
+        grid.append(((1,) * b + (p_mid,) * m, spread(b, p_lo, p_hi) + (0,) * m))
+    return grid
+
+
+def sweep_estimate_s(grid: list[Shape], repeats: int, step_s: float = 0.03,
+                     warm_s: float = 0.02) -> float:
+    """Seconds `measure_torch` spends on `grid` if no step takes longer than `step_s`: every
+    shape runs twice untimed (first-call costs, the warm-up's sizing), then `repeats` times
+    about `warm_s` of untimed runs of it and one timed run. 30 ms bounds an eager step of the
+    1.1B model (eager sdpa decodes ~20 ms, launch-bound; a 2,048-token prefill ~10 ms)."""
+    return len(grid) * (2 * step_s + repeats * (warm_s + step_s))
+
+
+def run_sim_calibrated(model_dir: str, wl: Workload, setup: Setup,
+                       out: Path) -> tuple[float, int, dict]:
+    """Calibrate the simulator on this device (`schedlab calibrate` over `bench_grid`), write
+    the profile next to bench_gpu.json, and predict the workload with it.
+
+    Returns (predicted seconds, steps, what the calibration did: profile, seconds, errors)."""
+    from schedlab.sim.calibrate import calibrate
+
+    attention, engine = calibration_attention(setup)
+    grid = bench_grid(setup)
+    path = out / "bench_gpu_sim_profile.json"
+    t = time.perf_counter()
+    fit = calibrate(model_dir, out=path, repeats=CALIBRATION_REPEATS, grid=grid,
+                    device=setup.device, dtype=setup.dtype, attention=attention,
+                    hardware=setup.hardware, max_model_len=setup.max_model_len)
+    seconds = time.perf_counter() - t
+    _sync(setup)
+    gc.collect()  # the calibration's model and KV cache, before the next engine
+    if setup.device == "cuda":
+        torch.cuda.empty_cache()
+    secs, steps = run_sim(model_dir, wl, setup, "sim-calibrated", hardware=str(path),
+                          attention=attention)
+    info = dict(profile_path=path.name, calibrated_on=engine, attention=attention,
+                calibration_s=round(seconds, 2),
+                sweep_estimate_s=round(sweep_estimate_s(grid, CALIBRATION_REPEATS), 1),
+                repeats=CALIBRATION_REPEATS, fit_mean_abs_error=round(fit.mean_abs_error, 4),
+                grid=[dict(seqs=len(q), tokens=sum(q), max_context=max(a + b for a, b in
+                                                                       zip(q, s, strict=True)),
+                           rel_error=round(e, 4))
+                      for (q, s), e in zip(grid, fit.rel_errors, strict=True)],
+                profile=fit.profile.to_dict())
+    return secs, steps, info
 
 
 # ---- a profiled decode step -------------------------------------------------------------------
@@ -367,6 +470,18 @@ def _main(argv: list[str] | None) -> int:
                 secs, row.num_steps = run_sim(model_dir, wl, setup, name)
                 row.seconds, row.output_tokens = secs, wl.num_output_tokens
                 row.note = f"predicted, hardware={setup.hardware}"
+            elif name == "sim-calibrated":
+                secs, row.num_steps, info = run_sim_calibrated(model_dir, wl, setup, args.out)
+                meta["sim_calibrated"] = info
+                row.seconds, row.output_tokens = secs, wl.num_output_tokens
+                ref = next((r for r in rows if r.engine == info["calibrated_on"] and r.seconds),
+                           None)
+                err = 100 * info["fit_mean_abs_error"]
+                row.note = (f"predicted, hardware={info['profile_path']} (calibrated on "
+                            f"{setup.device}, {info['attention']}, in "
+                            f"{info['calibration_s']:.1f} s; fit error {err:.1f}% mean abs.)")
+                if ref:
+                    row.note += f"; {secs / ref.seconds:.2f}x {ref.engine}'s {ref.seconds:.2f} s"
             elif name.startswith("hf-"):
                 from transformers import AutoModelForCausalLM
 

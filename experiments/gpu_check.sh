@@ -111,7 +111,7 @@ stage attn 110 "$PY" -m schedlab.kernels.bench_attention --dtypes bf16 --sweep-s
 cp "$LOGS/attn.log" "$OUT/bench_attention.md"
 mkdir -p "$LOGS/bench_gpu"
 stage bench 260 "$PY" experiments/bench_gpu.py --out "$LOGS/bench_gpu" \
-    --engines "triton-graphs,triton-eager,sdpa-graphs,sim,sdpa-eager,sdpa-chunked,triton-graphs-chunked,hf-cb,hf-static"
+    --engines "triton-graphs,triton-eager,sdpa-graphs,sim,sim-calibrated,sdpa-eager,sdpa-chunked,triton-graphs-chunked,hf-cb,hf-static"
 cp "$LOGS/bench_gpu/bench_gpu.json" "$LOGS/bench_gpu/bench_gpu.md" "$OUT/" 2>/dev/null
 
 tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null

@@ -16,15 +16,24 @@ import bench_gpu  # noqa: E402
 
 
 def test_smoke_run_of_the_padded_path_and_the_simulator(tmp_path, capsys, llama_dir):
-    """The quick part: schedlab through the graph path's padding, profiled, and the sim."""
-    rc = bench_gpu.main(["--smoke", "--engines", "sdpa-graphs,sim", "--out", str(tmp_path),
-                         "--model", llama_dir])
+    """The quick part: schedlab through the graph path's padding, profiled, the sim, and the
+    sim calibrated in the same run (its profile written next to bench_gpu.json)."""
+    rc = bench_gpu.main(["--smoke", "--engines", "sdpa-graphs,sim,sim-calibrated",
+                         "--out", str(tmp_path), "--model", llama_dir])
     assert rc == 0
     doc = json.loads((tmp_path / "bench_gpu.json").read_text())
-    graphs, sim = doc["rows"]
+    graphs, sim, calibrated = doc["rows"]
     assert graphs["engine"] == "sdpa-graphs" and graphs["note"].startswith("graphs emulated")
     assert graphs["output_tokens"] == sim["output_tokens"] > 0 and sim["tok_per_s"] > 0
     assert doc["decode_step_profiles"]["sdpa-graphs"]["wall_ms"] > 0
+    assert calibrated["engine"] == "sim-calibrated" and calibrated["seconds"] > 0
+    assert calibrated["output_tokens"] == sim["output_tokens"]
+    assert "calibrated on cpu, sdpa" in calibrated["note"] and "fit error" in calibrated["note"]
+    info = doc["sim_calibrated"]
+    assert info["calibration_s"] > 0 and len(info["grid"]) == len(bench_gpu.bench_grid(
+        bench_gpu.SMOKE))
+    profile = json.loads((tmp_path / "bench_gpu_sim_profile.json").read_text())
+    assert profile == info["profile"] and profile["dtype"] == "float32"
 
 
 @pytest.mark.slow  # transformers' engines and the profiler: ~30 s on a busy 2-core machine

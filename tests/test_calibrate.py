@@ -1,0 +1,91 @@
+"""`schedlab calibrate` with an explicit device, dtype and attention backend: what a GPU run
+does (there with device=cuda and a datasheet preset), tested on the CPU through the same path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from schedlab.config import EngineConfig
+from schedlab.engine import Engine
+from schedlab.request import RequestStatus
+from schedlab.runs.driver import run_workload
+from schedlab.runs.workload import build_workload
+from schedlab.sim.calibrate import base_profile, calibrate, check_setup, main
+from schedlab.sim.hardware import PRESETS
+
+SPEC = {"type": "synthetic", "num_requests": 4, "input_len": 32, "output_len": 8}
+
+
+def _sim_duration(model: str, profile, attention: str) -> tuple[float, Engine]:
+    engine = Engine(EngineConfig(model=model, executor="sim", attention=attention,
+                                 executor_options={"hardware": str(profile)}, block_size=8))
+    run = run_workload(engine, build_workload(SPEC, engine.model_spec.vocab_size, seed=0))
+    assert all(r.status is RequestStatus.FINISHED_LENGTH for r in run.requests)
+    return run.duration_s, engine
+
+
+def test_bfloat16_calibration_gives_a_profile_the_sim_runs_at_two_bytes(llama_dir, tmp_path):
+    out = tmp_path / "bf16.json"
+    grid = [((8,), (0,)), ((32,), (0,)), ((1,) * 4, (16,) * 4), ((1,) * 8, (32,) * 8)]
+    fit = calibrate(llama_dir, out=out, repeats=1, grid=grid, verbose=False, block_size=8,
+                    device="cpu", dtype="bf16", attention="sdpa")
+    saved = json.loads(out.read_text())
+    assert saved["dtype"] == "bfloat16" and saved["device"] == "cpu"
+    assert saved["padded_decode_attention"] is True  # sdpa pads decode groups
+    assert fit.profile.step_overhead > 0 and len(fit.rel_errors) == len(grid)
+    duration, engine = _sim_duration(llama_dir, out, "sdpa")
+    assert duration > 0 and engine.executor.dtype == torch.bfloat16
+
+
+def test_triton_calibration_charges_no_decode_padding(llama_dir, tmp_path):
+    """The Triton backend (in its interpreter here) reads each decode's own context."""
+    out = tmp_path / "triton.json"
+    fit = calibrate(llama_dir, out=out, repeats=1, grid=[((16,), (0,)), ((1,) * 4, (8,) * 4)],
+                    verbose=False, host_overhead=False, block_size=8, device="cpu",
+                    dtype="float32", attention="triton")
+    assert fit.profile.padded_decode_attention is False
+    assert _sim_duration(llama_dir, out, "triton")[0] > 0
+
+
+def test_a_gpu_base_profile_is_the_preset_with_efficiencies_at_one():
+    base = base_profile("cuda", "H200", "bfloat16", "triton", label="m")
+    h200 = PRESETS["h200"]
+    assert (base.matmul_flops, base.mem_bandwidth) == (h200.matmul_flops, h200.mem_bandwidth)
+    assert base.linear_efficiency == base.kv_efficiency == 1.0 and base.step_overhead == 0.0
+    assert base.device == "cuda" and base.dtype == "bfloat16"
+    assert not base.padded_decode_attention and base.name == "H200-SXM-calibrated-m"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(device="tpu"), "accepted: cpu, cuda"),
+    (dict(device="cuda", hardware="b200"), "accepted: a100, h100, h200"),
+    (dict(device="cuda"), "needs a base preset"),
+    (dict(device="cuda", clock="cpu", hardware="h200"), "use clock='wall' on a CUDA device"),
+    (dict(hardware="h100"), "on device=cpu the base is this CPU"),
+    (dict(dtype="int8"), "accepted: float32"),
+    (dict(attention="flash"), "installed: sdpa, triton"),
+    (dict(clock="gpu"), "accepted: wall, cpu"),
+])
+def test_settings_that_cannot_be_calibrated_fail_in_one_sentence(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        check_setup(**kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where CUDA is absent")
+def test_cli_says_when_cuda_is_absent(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--device", "cuda", "--hardware", "h200"])
+    assert e.value.code == 2
+    assert "torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_cli_names_the_new_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for opt in ("--device", "--dtype", "--attention", "--hardware", "--max-model-len",
+                "--enforce-eager"):
+        assert opt in text, opt
