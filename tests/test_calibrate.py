@@ -89,3 +89,24 @@ def test_cli_names_the_new_options(capsys):
     for opt in ("--device", "--dtype", "--attention", "--hardware", "--max-model-len",
                 "--enforce-eager"):
         assert opt in text, opt
+
+
+def test_decode_shapes_are_timed_through_the_cuda_graph_path(llama_dir, monkeypatch):
+    """On a GPU the calibration times what is served: decode-only steps replay graphs. Here
+    the graphs' padded path runs eagerly (`emulate_cuda_graphs`), through the same runner."""
+    from schedlab.plugins.executors.cuda_graphs import DecodeGraphRunner
+    from schedlab.sim.calibrate import measure_torch
+
+    replays = []
+    run = DecodeGraphRunner.run
+
+    def counted(self, input_ids, *args, **kwargs):
+        replays.append(input_ids.shape[-1])
+        return run(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(DecodeGraphRunner, "run", counted)
+    grid = [((16,), (0,)), ((1,) * 3, (20,) * 3), ((1,) * 2 + (8,), (20, 20, 0))]
+    times = measure_torch(llama_dir, grid, repeats=1, warm_s=0.0, max_model_len=64,
+                          executor_options={"emulate_cuda_graphs": True})
+    assert len(times) == 3 and min(times) > 0
+    assert replays and set(replays) == {3}  # the decode-only step only, never the others

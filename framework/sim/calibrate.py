@@ -202,13 +202,15 @@ def measure_torch(model_dir: str, grid: Sequence[Shape], repeats: int = 5,
                   block_size: int = DEFAULT_BLOCK_SIZE, clock: str = "wall", warm_s: float = 0.02,
                   max_warm: int = 10, device: str = "cpu", dtype: str = "float32",
                   attention: str = "sdpa", enforce_eager: bool = False,
-                  max_model_len: int | None = None) -> list[float]:
+                  max_model_len: int | None = None,
+                  executor_options: dict | None = None) -> list[float]:
     """Median time of `TorchExecutor.execute` for each grid entry.
 
     The executor is built as an engine with `device`, `dtype`, `attention`, `enforce_eager`
     and `max_model_len` would build it: on a CUDA device (unless `enforce_eager`) decode-only
     steps replay CUDA graphs, as they do when served. `execute` synchronises the device
-    before it returns, so the wall timer holds the GPU's work.
+    before it returns, so the wall timer holds the GPU's work. `executor_options` go to the
+    executor (`emulate_cuda_graphs=True`: the graphs' padded path on a CPU, a test).
 
     Each timed run follows about `warm_s` seconds (at most `max_warm` runs) of untimed runs
     of the same shape, so a small step is not timed in the wake of a large one.
@@ -221,7 +223,7 @@ def measure_torch(model_dir: str, grid: Sequence[Shape], repeats: int = 5,
 
     cfg = _engine_config(model_dir, device, dtype, attention, enforce_eager, max_model_len,
                          block_size=block_size)
-    ex = registry.load("executor", "torch")(cfg)
+    ex = registry.load("executor", "torch")(cfg, **(executor_options or {}))
     need = max(sum(-(-(q + s) // block_size) for q, s in zip(*e, strict=True)) for e in grid)
     # NOTE: the cache is allocated zero-filled (uninitialised memory may hold denormals,
     # which are slow on CPUs)
