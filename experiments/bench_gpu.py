@@ -529,6 +529,7 @@ def _main(argv: list[str] | None) -> int:
         except Exception as e:  # one engine failing must not lose the others' numbers
             row.note = f"FAILED: {type(e).__name__}: {e}"[:300]
             print(f"bench_gpu: {name} failed: {e!r}", file=sys.stderr)
+        eng = hf = None  # a failed engine too: the next one sizes its KV pool from free memory
         if setup.device == "cuda":
             gc.collect()  # the engine's KV pool goes before the next one is sized
             torch.cuda.empty_cache()
