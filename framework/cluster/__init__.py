@@ -7,8 +7,7 @@ without importing the engine (and torch).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from schedlab._lazy import lazy_exports
 
 #: public name -> the module that defines it
 _EXPORTS = {
@@ -26,9 +25,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'schedlab.cluster' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -13,8 +13,7 @@ loads nothing heavy into other test suites.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from schedlab._lazy import lazy_exports
 
 _EXPORTS = {
     "CheckResult": "checks", "all_targets": "checks", "check_plugin": "checks",
@@ -26,9 +25,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'schedlab.testing' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"schedlab.testing.{module}"), name)
+__getattr__ = lazy_exports(__name__, {k: f"{__name__}.{m}" for k, m in _EXPORTS.items()})
