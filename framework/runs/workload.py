@@ -264,14 +264,22 @@ def set_arrivals_by_unit(reqs: list[WorkloadRequest], arrival: Any,
             r.arrival_s = s.arrival_s
 
 
-def _assign_clients(reqs: list[WorkloadRequest], clients: list[ClientSpec],
-                    rng: np.random.Generator) -> None:
-    units = [u for u in _units(reqs) if u[0].client_id is None]
-    p = np.asarray([c.share for c in clients], dtype=float)
-    for unit, k in zip(units, rng.choice(len(clients), size=len(units), p=p / p.sum()),
+def _draw_per_unit(reqs: list[WorkloadRequest], attr: str, choices: list[Any],
+                   weights: list[float], rng: np.random.Generator) -> None:
+    """Set `attr` to one of `choices`, drawn by `weights`, on each request or session (one draw
+    for all its turns) that has none yet."""
+    units = [u for u in _units(reqs) if getattr(u[0], attr) is None]
+    p = np.asarray(weights, dtype=float)
+    for unit, k in zip(units, rng.choice(len(choices), size=len(units), p=p / p.sum()),
                        strict=True):
         for r in unit:
-            r.client_id = clients[int(k)].client_id
+            setattr(r, attr, choices[int(k)])
+
+
+def _assign_clients(reqs: list[WorkloadRequest], clients: list[ClientSpec],
+                    rng: np.random.Generator) -> None:
+    _draw_per_unit(reqs, "client_id", [c.client_id for c in clients],
+                   [c.share for c in clients], rng)
 
 
 def _apply_client_settings(reqs: list[WorkloadRequest], clients: list[ClientSpec]) -> None:
@@ -291,12 +299,7 @@ def _apply_slo_classes(reqs: list[WorkloadRequest], classes: list[SLOClass],
     if not classes:
         return
     by_name = {c.name: c for c in classes}
-    units = [u for u in _units(reqs) if u[0].slo_class is None]
-    p = np.asarray([c.weight for c in classes], dtype=float)
-    for unit, k in zip(units, rng.choice(len(classes), size=len(units), p=p / p.sum()),
-                       strict=True):
-        for r in unit:
-            r.slo_class = classes[int(k)].name
+    _draw_per_unit(reqs, "slo_class", [c.name for c in classes], [c.weight for c in classes], rng)
     for r in reqs:
         c = by_name.get(r.slo_class) if r.slo_class is not None else None
         if c is None:
