@@ -33,6 +33,16 @@ def wl(n: int, prompt: int = 8, out: int = 4, arrivals: list[float] | None = Non
     return [WorkloadRequest(list(range(2, 2 + prompt)), out, arrival_s=a) for a in arrivals]
 
 
+def test_a_run_after_the_step_records_were_drained_keeps_its_own_steps(monkeypatch):
+    # a server drains the records it has read; the step count goes on
+    eng = fake_engine(monkeypatch)
+    first = run_workload(eng, wl(3, out=4))
+    eng.drain_step_stats()
+    second = run_workload(eng, wl(3, out=4))
+    assert len(second.step_stats) == len(first.step_stats) > 0
+    assert eng.counters().num_steps == 2 * len(first.step_stats)
+
+
 # ---- exact timelines on the virtual clock ----------------------------------------------
 def test_virtual_clock_online_ttft_counts_the_wait(monkeypatch):
     eng = fake_engine(monkeypatch, max_num_seqs=1)

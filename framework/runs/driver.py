@@ -88,7 +88,9 @@ def run_workload(
         raise ValueError(f"max_concurrency={max_concurrency} must be >= 1 or None")
     clock = engine.clock
     c0 = engine.counters()
-    first_step = c0.num_steps
+    # NOTE: the records still held, not `c0.num_steps`: `Engine.drain_step_stats` empties
+    # the list while the step count goes on
+    first_step = len(engine.step_stats)
 
     nxt = next_turns(workload)
     later = set(nxt.values())  # turns released by their predecessor, not by arrival_s
@@ -102,7 +104,7 @@ def run_workload(
     seat_free_at = -float("inf")  # when the last seat was freed (concurrency-limited arrivals)
     held: set[int] = set()  # requests that arrived while max_concurrency were in flight
     index: dict[int, int] = {}  # id(request) -> its workload index
-    bar = _progress_bar(len(workload), progress)
+    bar = progress_bar(len(workload), progress)
     stalled = 0
     start = clock.now()
     def due() -> int | None:
@@ -215,7 +217,8 @@ class _NoBar:
         pass
 
 
-def _progress_bar(total: int, enabled: bool):
+def progress_bar(total: int, enabled: bool):
+    """A tqdm bar over `total` requests, or one that does nothing."""
     if not enabled:
         return _NoBar()
     from tqdm.auto import tqdm
