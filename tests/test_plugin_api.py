@@ -477,3 +477,13 @@ def test_cli_runs_dotted_path_plugins_and_writes_steps_csv(tmp_path, monkeypatch
     assert rows and [int(r["step"]) for r in rows] == list(range(1, len(rows) + 1))
     assert sum(int(r["num_scheduled_tokens"]) for r in rows) > 0
     assert max(int(r["num_scheduled_seqs"]) for r in rows[:1]) == 1  # one new prefill a step
+
+
+def test_serve_takes_dotted_path_plugins_as_run_does(monkeypatch, capsys):
+    from schedlab.cli import main
+
+    monkeypatch.chdir(EXAMPLES)
+    rc = main(["serve", f"scheduler={DECODE_FIRST}", "executor=sim", "--cfg", "job"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert f"name: {DECODE_FIRST}" in captured.out

@@ -7,7 +7,6 @@ imports them only when `schedlab run` needs them.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 
@@ -68,15 +67,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
 def run_command(overrides: Sequence[str]) -> int:
     """`schedlab run [overrides]`: hand the overrides to Hydra (single run or -m sweep)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' weight-loading bar
-    from schedlab.cli.checks import check_group_choices, rewrite_dotted
+    from schedlab.cli.checks import prepare_overrides
 
-    overrides = rewrite_dotted(overrides)
-    message = check_group_choices(overrides)
-    if message is not None:
-        print(f"schedlab: error: {message}", file=sys.stderr)
+    overrides = prepare_overrides(overrides)
+    if overrides is None:
         return 2
     from schedlab.cli import app
 

@@ -118,11 +118,7 @@ def _execute_cluster(s: RunSettings) -> dict[str, Any]:
         result = cluster.run(workload, temperature=s.temperature, ignore_eos=s.ignore_eos)
     except KeyboardInterrupt:  # as `_save_interrupted`: partial results, then the one line
         result = cluster.interrupt()
-        metrics = compute_metrics(result.run, percentiles=s.percentiles, slo=s.slo)
-        metrics.update(cluster=result.summary(), interrupted=True)
-        path = write_results(s.output_dir, metrics, s.config, collect_environment())
-        INTERRUPTED.append(f"{metrics.get('completed', 0)} of {len(result.run.requests)} "
-                           f"submitted requests completed; partial results: {path}")
+        _write_interrupted(s, result.run, cluster=result.summary())
         raise
     metrics = compute_metrics(result.run, percentiles=s.percentiles, slo=s.slo)
     metrics["cluster"] = result.summary()
@@ -150,8 +146,6 @@ def _save_interrupted(s: RunSettings, engine) -> dict[str, Any]:
     """Ctrl-C mid-run: abort what is still in flight and write results.json over the requests
     submitted so far (`interrupted: true`); W&B gets the same, marked failed, in `execute`."""
     from schedlab.runs.driver import RunResult
-    from schedlab.runs.metrics import compute_metrics
-    from schedlab.runs.results import collect_environment, write_results
 
     for rid, req in list(engine.requests.items()):
         if not req.is_finished:
@@ -167,11 +161,20 @@ def _save_interrupted(s: RunSettings, engine) -> dict[str, Any]:
         start_time=start, num_kv_blocks=c.num_kv_blocks, block_size=engine.config.block_size,
         max_concurrency=s.max_concurrency, num_prefix_hit_tokens=c.num_prefix_hit_tokens,
         num_swaps=c.num_swaps)
-    metrics = compute_metrics(result, percentiles=s.percentiles, slo=s.slo)
-    metrics["interrupted"] = True
+    return _write_interrupted(s, result)
+
+
+def _write_interrupted(s: RunSettings, run, **extra: Any) -> dict[str, Any]:
+    """results.json of an interrupted run (`interrupted: true`, plus `extra`) and the one
+    line the command prints at exit."""
+    from schedlab.runs.metrics import compute_metrics
+    from schedlab.runs.results import collect_environment, write_results
+
+    metrics = compute_metrics(run, percentiles=s.percentiles, slo=s.slo)
+    metrics.update(extra, interrupted=True)
     path = write_results(s.output_dir, metrics, s.config, collect_environment())
-    INTERRUPTED.append(f"{metrics.get('completed', 0)} of {len(reqs)} submitted requests "
-                       f"completed; partial results: {path}")
+    INTERRUPTED.append(f"{metrics.get('completed', 0)} of {len(run.requests)} submitted "
+                       f"requests completed; partial results: {path}")
     return metrics
 
 

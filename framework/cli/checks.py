@@ -7,7 +7,9 @@ says the same in one line and adds what the registry knows: the installed plugin
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
@@ -90,3 +92,17 @@ def check_group_choices(overrides: Sequence[str]) -> str | None:
                         f"{kind} group: run it as {kind}.name={value}")
             return msg
     return None
+
+
+def prepare_overrides(overrides: Sequence[str]) -> list[str] | None:
+    """What every Hydra-composed command does first: offline Hugging Face defaults, `KIND=
+    module:Class` rewritten, group choices checked. None (after one printed line): refused."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' weight-loading bar
+    overrides = rewrite_dotted(overrides)
+    message = check_group_choices(overrides)
+    if message is not None:
+        print(f"schedlab: error: {message}", file=sys.stderr)
+        return None
+    return list(overrides)

@@ -4,7 +4,6 @@ conf/ groups and overrides, `build_settings`), plus `--options` of their own."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -162,14 +161,10 @@ def _usage_error(prog: str, message: str, usage: str) -> int:
 
 
 def _hydra(task, prog: str, overrides: list[str], options: Any) -> int:
-    from schedlab.cli.checks import check_group_choices
+    from schedlab.cli.checks import prepare_overrides
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    message = check_group_choices(overrides)
-    if message is not None:
-        print(f"schedlab: error: {message}", file=sys.stderr)
+    overrides = prepare_overrides(overrides)
+    if overrides is None:
         return 2
     @hydra.main(version_base="1.3", config_path=CONFIG_PACKAGE, config_name="config")
     def job(cfg: DictConfig) -> None:
