@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from schedlab.attention import KVCacheSpec
@@ -38,6 +39,10 @@ class ExecutorOutput:
     sampled_token_ids: list[int | None]
     step_time: float
     timings: ExecutorTimings | None = None
+
+
+#: how a measurement reads time: "wall" (what a user sees) or "cpu" (this thread's CPU time)
+TIMERS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 class Clock(ABC):

@@ -126,16 +126,22 @@ def _met_deadline(r: Request) -> bool:
             and _ttft(r) * 1000.0 <= r.deadline_ms)
 
 
-def _good(r: Request, slo: Mapping[str, float] | None) -> bool:
-    if r.deadline_ms is not None and not _met_deadline(r):
-        return False
-    if not slo:
-        return True
+def meets_slo(r: Request, slo: Mapping[str, float]) -> bool:
+    """Whether a completed request meets every `slo` limit (ms on "ttft", "tpot", "e2el").
+
+    NOTE: as in vLLM, a one-token request has TPOT 0 for goodput.
+    """
     ttft = _ttft(r)
     e2el = r.metrics.finished_time - r.metrics.arrival_time
     tpot = (e2el - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else 0.0
     got = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
     return all(got[k] * 1000.0 <= limit for k, limit in slo.items())
+
+
+def _good(r: Request, slo: Mapping[str, float] | None) -> bool:
+    if r.deadline_ms is not None and not _met_deadline(r):
+        return False
+    return not slo or meets_slo(r, slo)
 
 
 def _group(reqs: list[Request], duration: float, percentiles: Sequence[float],

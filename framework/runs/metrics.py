@@ -23,7 +23,13 @@ import numpy as np
 
 from schedlab.request import Request, RequestStatus
 from schedlab.runs.driver import RunResult
-from schedlab.runs.groups import group_metrics, is_completed, per_second, percentile_keys
+from schedlab.runs.groups import (
+    group_metrics,
+    is_completed,
+    meets_slo,
+    per_second,
+    percentile_keys,
+)
 from schedlab.stats import step_phase_metrics
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
@@ -110,7 +116,7 @@ def compute_metrics(
         "total_token_throughput": per_second(total_in + total_out, dur),
     }
     if slo:
-        m["request_goodput"] = per_second(_num_good(slo, ttfts, tpots, e2els), dur)
+        m["request_goodput"] = per_second(sum(meets_slo(r, slo) for r in done), dur)
         m["goodput_slo_ms"] = dict(slo)
     m["max_output_tokens_per_s"] = _peak_output_rate(done, run.start_time)
     m["max_concurrent_requests"] = max((s.num_running for s in run.step_stats), default=0)
@@ -164,17 +170,6 @@ def _stats(name: str, values: Sequence[float], percentiles: Sequence[float]) -> 
            f"std_{name}_ms": float(a.std())}
     out.update(percentile_keys(name, a, percentiles))
     return out
-
-
-def _num_good(slo: Mapping[str, float], ttfts: list[float], tpots: list[float | None],
-              e2els: list[float]) -> int:
-    # NOTE: as in vLLM, a one-token request has TPOT 0 for goodput.
-    series = {"ttft": ttfts, "tpot": [t or 0.0 for t in tpots], "e2el": e2els}
-    good = 0
-    for i in range(len(ttfts)):
-        if all(series[k][i] * 1000.0 <= limit for k, limit in slo.items()):
-            good += 1
-    return good
 
 
 def _peak_output_rate(done: list[Request], start: float) -> float:

@@ -15,14 +15,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
-from schedlab.runs.driver import RunResult
+from schedlab.runs.driver import RunResult, progress_bar
 
 
 class BenchError(RuntimeError):
@@ -89,7 +88,7 @@ def run_bench(workload: list[WorkloadRequest], options: BenchOptions) -> RunResu
 async def _run(workload: list[WorkloadRequest], o: BenchOptions, model: str) -> RunResult:
     url = o.base_url.rstrip("/") + "/v1/completions"
     sem = asyncio.Semaphore(o.max_concurrency) if o.max_concurrency else None
-    bar = _bar(len(workload), o.progress)
+    bar = progress_bar(len(workload), o.progress)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(o.timeout_s, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
@@ -203,26 +202,8 @@ def client_metrics(run: RunResult, metrics: dict) -> dict:
 
 def engine_keys() -> list[str]:
     """Metric keys of `compute_metrics` that only the engine can fill (steps, KV, batches)."""
-    from schedlab import stats
     from schedlab.runs.metrics import engine_metrics
 
     empty = RunResult(requests=[], duration_s=0.0, step_stats=[], num_preemptions=0,
                       prefix_hit_rate=0.0)
-    phases = [f"mean_{p}_time_ms" for p in getattr(stats, "STEP_PHASES", ())]
-    return [*engine_metrics(empty), *phases]
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _bar(total: int, enabled: bool) -> _NoBar | Callable:
-    if not enabled:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="requests", unit="req")
+    return list(engine_metrics(empty))  # the step-phase means included

@@ -29,6 +29,7 @@ from schedlab.sim.measure import measure_host_overhead as measure_host_overhead
 from schedlab.sim.measure import measure_torch as measure_torch
 from schedlab.sim.measure import shape_of as shape_of
 
+#: the devices a profile can describe (`HardwareProfile.device`)
 DEVICES = ("cpu", "cuda")
 
 

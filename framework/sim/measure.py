@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from schedlab.config import DEFAULT_BLOCK_SIZE
+from schedlab.executor import TIMERS as TIMERS
 from schedlab.executor import Clock
 from schedlab.sim.costmodel import StepShape, decode_pad_waste
 
@@ -37,8 +38,6 @@ class CPUTimeClock(Clock):
             self._skipped += dt
 
 
-#: how a measurement reads time: "wall" (what a user sees) or "cpu" (this thread's CPU time)
-TIMERS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 def make_clock(clock: str) -> Clock | None:
@@ -79,7 +78,6 @@ def default_grid(max_len: int = 1024) -> list[Shape]:
     return [(q, s) for q, s in grid if max(a + b for a, b in zip(q, s, strict=True)) <= max_len]
 
 
-#: the devices a profile can describe (`HardwareProfile.device`)
 def shape_of(entry: Shape, attention: str = "sdpa") -> StepShape:
     """A grid entry's shape, its decodes padded as the backend `attention` declares."""
     return StepShape.from_lens(entry[0], entry[1], pad_waste=decode_pad_waste(attention))
