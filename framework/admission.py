@@ -120,10 +120,12 @@ class AdmissionControl:
             outranked requests together would not free enough KV.
         """
         kv, queue = self.kv, self.waiting
-        planned = {id(s.request): s for s in out.scheduled}
+        victims = [r for r in self.running if queue.outranks(req, r)]
+        if not victims:  # the usual case (FCFS never outranks): nothing built per step
+            return None
         # NOTE: a request whose swapped KV comes back in this very step is never a victim.
-        victims = [r for r in self.running if queue.outranks(req, r)
-                   and not (id(r) in planned and planned[id(r)].swap_in)]
+        planned = {id(s.request): s for s in out.scheduled}
+        victims = [r for r in victims if not (id(r) in planned and planned[id(r)].swap_in)]
         if not victims:
             return None
         table = kv.allocator.block_table
