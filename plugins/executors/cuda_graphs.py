@@ -9,7 +9,6 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -60,11 +59,6 @@ def graph_context_lens(max_model_len: int, block_size: int, num: int = 6) -> lis
     return sorted(lens)
 
 
-@dataclass(slots=True)
-class _Graph:
-    graph: torch.cuda.CUDAGraph
-
-
 class DecodeGraphRunner:
     """Runs decode-only steps of up to `max(sizes)` sequences at a bucket size.
 
@@ -110,7 +104,7 @@ class DecodeGraphRunner:
         self.block_tables = torch.zeros(n, width, dtype=torch.int32, **kw)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, **kw)
         self.logits: torch.Tensor | None = None  # [max(sizes), vocab]: the graphs' output
-        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         if capture:
             self._capture_all()
 
@@ -177,7 +171,7 @@ class DecodeGraphRunner:
                 with torch.cuda.graph(graph, pool=pool):
                     self.logits[:size].copy_(self._forward(size, context))
                 pool = graph.pool()
-                self.graphs[(size, context)] = _Graph(graph)
+                self.graphs[(size, context)] = graph
         torch.cuda.synchronize(self.device)
         used = (free0 - torch.cuda.mem_get_info(self.device)[0]) / 2**20
         log.info("captured %d CUDA graphs (decode batch sizes %s x context lengths %s) in "
@@ -192,9 +186,9 @@ class DecodeGraphRunner:
             input_ids, positions: `[1, num_seqs]`, as the executor prepared them.
             meta: the step's metadata (decodes only, real host copies).
         """
-        assert self.fits(meta), "not a decode step that fits a bucket"
         n = meta.num_seqs
         size, context = self.bucket(n), self.context_bucket(meta.max_seq_len)
+        assert size and context and meta.num_decodes == n, "not a decode step that fits a bucket"
         width = meta.block_tables.shape[1]
         self.input_ids[:n].copy_(input_ids[0], non_blocking=True)
         self.positions[:n].copy_(positions[0], non_blocking=True)
@@ -210,6 +204,6 @@ class DecodeGraphRunner:
             self.seq_lens[n:size] = 1
             self.block_tables[n:size, 0] = 0
         if self.capture:
-            self.graphs[(size, context)].graph.replay()
+            self.graphs[(size, context)].replay()
             return self.logits[:n]
         return self._forward(size, context)[:n]

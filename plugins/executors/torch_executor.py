@@ -157,9 +157,7 @@ class TorchExecutor(Executor):
         for i in order:
             if plan.scheduled[i].samples:
                 sampled[i] = next(it)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        t4 = time.perf_counter()
+        t4 = time.perf_counter()  # `sample` hands back Python ints: the device is done
         return ExecutorOutput(sampled, t4 - t0,
                               ExecutorTimings(t1 - t0, t2 - t1, t3 - t2, t4 - t3))
 
