@@ -96,7 +96,6 @@ def test_engine_contract(sched, alloc, pc, queue):
         if len(eng.executor.plans) > plan_count:
             plan = eng.executor.plans[-1]
             assert plan.num_batched_tokens <= eng.max_num_batched_tokens
-            assert sum(s.num_new_tokens for s in plan.scheduled) == plan.num_batched_tokens
             assert len(plan.scheduled) <= 6
     assert not eng.has_unfinished(), "requests left stuck"
     for r in reqs:

@@ -135,7 +135,6 @@ def measure_torch(model_dir: str, grid: Sequence[Shape], repeats: int = 5,
             nb = -(-(q + s) // block_size)
             plan.scheduled.append(ScheduledRequest(req, q, s, list(range(block, block + nb))))
             block += nb
-        plan.num_batched_tokens = sum(qs)
         plans.append(plan)
     timer = TIMERS[clock]
     warm = []

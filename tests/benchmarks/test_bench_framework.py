@@ -133,7 +133,6 @@ def decode_plan(num_seqs: int, block_size: int = 16, seed: int = 0) -> Scheduler
         blocks = list(range(next_block, next_block + nblocks))
         next_block += nblocks
         plan.scheduled.append(ScheduledRequest(req, 1, n - 1, blocks))
-    plan.num_batched_tokens = num_seqs
     return plan
 
 
