@@ -178,7 +178,7 @@ def bench_decode(device: torch.device, dtype: torch.dtype, max_tokens: int) -> N
 
 #: split counts and small batches `--sweep-splits` times (the shapes where the choice matters)
 SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
-SWEEP_BATCHES = (1, 2, 4, 8, 16, 32)
+SWEEP_BATCHES = (1, 2, 4, 8, 16, 32, 48, 64)  # up to where the rule stops splitting
 #: tile choices `--sweep-prefill` times: (block_m, block_n, num_warps, num_stages)
 SWEEP_TILES = ((64, 64, None, None), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 2),
                (128, 128, 8, 2), (64, 32, 4, 4))

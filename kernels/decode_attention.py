@@ -145,8 +145,10 @@ MAX_SPLITS = 128  # the reduce holds [splits, head_dim] fp32 in registers
 def choose_num_splits(num_programs: int, max_seq_len: int, num_sms: int) -> int:
     """Context splits for `num_programs` (batch x KV heads) decode programs on `num_sms` SMs.
 
-    No split once the batch alone gives every SM 4 programs (batch >= 64 at 8 KV heads on an
-    H200 already streams K/V at ~4.3 TB/s unsplit). Below that, enough splits for
+    No split once the batch alone gives every SM 4 programs (batch >= 66 at 8 KV heads on an
+    H200's 132 SMs; round 1 measured 4.2-4.5 TB/s unsplit at batch >= 64, so batches 33-65,
+    which this splits 3-4 ways, are unmeasured: `bench_attention --sweep-splits` times them).
+    Below that, enough splits for
     `PROGRAMS_PER_SM` programs per SM, each split reading at least `MIN_SPLIT_TOKENS` tokens,
     at most `MAX_SPLITS`. (The earlier choice, 2 programs per SM and at most 64 splits of
     >= 256 tokens, left batch 1-4 at long contexts latency-bound: 0.12-0.43x SDPA.)
