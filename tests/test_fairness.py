@@ -98,7 +98,7 @@ def test_vtc_improves_jain_index_in_results():
     # both serve everything in the end (same index over the whole run); over the first half
     # VTC shares the service, FCFS serves the heavy client only
     assert fcfs["jain_fairness_index"] == pytest.approx(vtc["jain_fairness_index"])
-    assert first_half_jain(vtc) > 0.95 > 0.6 > first_half_jain(fcfs)
+    assert first_half_jain(vtc) > 0.95 and first_half_jain(fcfs) < 0.6
 
 
 # ---- edf ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ results.json's metrics and the console table."""
 
 from __future__ import annotations
 
+import pytest
 from fakes import FakeExecutor
 
 from schedlab import LLM, SamplingParams
@@ -24,8 +25,9 @@ def test_every_phase_of_a_real_step_is_timed(llama_dir):
             assert getattr(s, f"{phase}_time") > 0, phase
         assert s.device_wait_time == 0.0  # a CPU has nothing to wait for
         assert s.framework_time == s.schedule_time + s.update_time
-        # the executor's parts fit inside the step it reported
-        assert s.prepare_time + s.forward_time + s.sample_time <= s.step_time
+        # the executor's parts make up the step it reported, nothing left out
+        parts = s.prepare_time + s.forward_time + s.device_wait_time + s.sample_time
+        assert parts == pytest.approx(s.step_time, rel=1e-9, abs=1e-9)
 
     run = RunResult(requests=[], duration_s=1.0, step_stats=steps, num_preemptions=0,
                     prefix_hit_rate=0.0, num_kv_blocks=64)
