@@ -67,8 +67,6 @@ LLAMA_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
                 num_key_value_heads=8, intermediate_size=5632, vocab_size=32000)
 ENGINES = ("sdpa-eager", "sdpa-graphs", "triton-eager", "triton-graphs", "sdpa-chunked",
            "triton-graphs-chunked", "hf-static", "hf-cb", "sim", "sim-calibrated")
-#: the full run's engines: every one (sdpa-graphs too, now that sdpa can be captured)
-FULL_ENGINES = ENGINES
 
 
 @dataclass(slots=True)
@@ -141,7 +139,7 @@ def _sync(setup: Setup) -> None:
 
 
 # ---- schedlab ---------------------------------------------------------------------------------
-def schedlab_engine(name: str, model_dir: str, setup: Setup, smoke: bool):
+def schedlab_engine(name: str, model_dir: str, setup: Setup):
     from schedlab.config import EngineConfig
     from schedlab.engine import Engine
 
@@ -172,7 +170,7 @@ def run_schedlab(eng, wl: Workload, setup: Setup) -> tuple[float, list[list[int]
     _sync(setup)
     seconds = time.perf_counter() - t0
     for r in reqs:
-        eng.requests.pop(r.request_id, None)
+        eng.forget(r.request_id)
     return seconds, [list(r.output_token_ids) for r in reqs], eng.step_stats[first:]
 
 
@@ -359,7 +357,7 @@ def profile_decode(eng, setup: Setup, wl: Workload) -> dict:
     for r in reqs:
         if not r.is_finished:
             eng.abort(r.request_id)
-        eng.requests.pop(r.request_id, None)
+        eng.forget(r.request_id)
     return dict(num_seqs=steps[0].num_scheduled_seqs if steps else 0,
                 wall_ms=round(1000 * wall, 3),
                 gpu_busy_ms=None if busy is None else round(1000 * busy, 3),
@@ -422,8 +420,7 @@ def _main(argv: list[str] | None) -> int:
     if setup.device == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: no CUDA device; run with --smoke for the CPU check", file=sys.stderr)
         return 2
-    default = ENGINES if args.smoke else FULL_ENGINES
-    wanted = [e.strip() for e in (args.engines or ",".join(default)).split(",") if e.strip()]
+    wanted = [e.strip() for e in (args.engines or ",".join(ENGINES)).split(",") if e.strip()]
     unknown = sorted(set(wanted) - set(ENGINES))
     if unknown:
         ap.error(f"unknown engines {unknown}; accepted: {', '.join(ENGINES)}")
@@ -501,7 +498,7 @@ def _main(argv: list[str] | None) -> int:
                 del hf
             else:
                 t = time.perf_counter()
-                eng = schedlab_engine(name, model_dir, setup, args.smoke)
+                eng = schedlab_engine(name, model_dir, setup)
                 row.build_s = round(time.perf_counter() - t, 2)
                 run_schedlab(eng, warm, setup)
                 secs, outs, steps = run_schedlab(eng, wl, setup)

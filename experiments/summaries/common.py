@@ -134,8 +134,6 @@ def paired_ratio(a: Any, b: Any, metric: str, derive: Getter | None = None) -> s
         va, vb = get(run), b_by_seed.get(run.config.get("seed"))
         if va is not None and vb:
             ratios.append(va / vb)
-    if not ratios:
-        return "-"
     ratios = [r for r in ratios if math.isfinite(r)]
     if not ratios:
         return "-"
