@@ -83,9 +83,9 @@ class Engine:
         self._limits = limits
         #: the last step's plan (checked in full by `check_integrity`)
         self.last_plan: SchedulerOutput | None = None
-        if clock is not None:
-            self.executor.set_clock(clock)
         self.clock: Clock = self.executor.clock
+        if clock is not None:
+            self.set_clock(clock)
         self.requests: dict[str, Request] = {}
         #: the recorded steps (a long-running caller takes them with `drain_step_stats`)
         self.step_stats: list[StepStats] = []
@@ -151,6 +151,19 @@ class Engine:
         req = self.requests[request_id]
         if not req.is_finished:
             self.scheduler.abort(req, self.clock.now())
+
+    def set_clock(self, clock: Clock) -> None:
+        """Run on `clock` instead of the executor's own, as the `clock` argument does, for an
+        engine built before its caller knew which clock it needs. Before any request only.
+        Changes state.
+
+        Raises:
+            RuntimeError: requests were already added.
+        """
+        if getattr(self, "requests", None):
+            raise RuntimeError("Engine.set_clock: requests were added on the old clock")
+        self.executor.set_clock(clock)
+        self.clock = self.executor.clock
 
     def forget(self, request_id: str) -> Request:
         """Drop a finished request from `requests` (a long-running server keeps none).

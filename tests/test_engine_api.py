@@ -36,3 +36,17 @@ def test_drained_step_stats_keep_their_numbering():
     e.run_until_done()
     assert [s.step for s in e.step_stats] == [4, 5]
     assert e.counters().num_steps == 5
+
+
+def test_set_clock_before_requests_runs_the_engine_on_it():
+    from schedlab.executor import VirtualClock
+
+    e = _sim()
+    clock = VirtualClock()
+    clock.advance(5.0)  # a clock already at 5 s: the run's times show whose clock ran
+    e.set_clock(clock)
+    a = e.add_request(list(range(2, 50)), SamplingParams(max_tokens=3))
+    e.run_until_done()
+    assert e.clock is clock and a.metrics.arrival_time == 5.0 and clock.now() > 5.0
+    with pytest.raises(RuntimeError, match="requests were added"):
+        e.set_clock(VirtualClock())

@@ -108,14 +108,15 @@ class Cluster:
         roles = ([Role.PREFILL] * cfg.prefill_instances + [Role.DECODE] * cfg.decode_instances
                  if cfg.disaggregated else [Role.MIXED] * cfg.total_instances)
         first = Engine(self.engine_config, executor_cls)
-        if isinstance(first.clock, VirtualClock):  # the executor simulates its own time
-            engines = [first] + [Engine(self.engine_config, executor_cls)
-                                 for _ in roles[1:]]
-        else:  # real executors: each instance counts only its own steps
-            del first
-            engines = [Engine(self.engine_config, executor_cls,
-                              clock=InstanceClock(self.config.clock))
-                       for _ in roles]
+        # a simulating executor keeps its own virtual time; a real one gets a clock per
+        # instance that counts only that instance's steps
+        real = not isinstance(first.clock, VirtualClock)
+        if real:
+            first.set_clock(InstanceClock(self.config.clock))
+        engines = [first] + [
+            Engine(self.engine_config, executor_cls,
+                   clock=InstanceClock(self.config.clock) if real else None)
+            for _ in roles[1:]]
         return [Instance(i, e, r) for i, (e, r) in enumerate(zip(engines, roles, strict=True))]
 
     # ---- the run -------------------------------------------------------------------------

@@ -49,5 +49,5 @@ def build_engine(config: EngineConfig) -> Engine:
     `PacedClock` (real-time pacing of the simulated step times)."""
     engine = Engine(config)
     if isinstance(engine.clock, VirtualClock):
-        engine = Engine(config, clock=PacedClock())
+        engine.set_clock(PacedClock())
     return engine
