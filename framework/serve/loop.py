@@ -41,12 +41,22 @@ class GenerateRequest:
         prompt_token_ids: the prompt, already tokenized.
         sampling_params: the engine's sampling parameters.
         stop: OpenAI `stop` strings (the text ends before the first one that appears).
+        client_id: the tenant (OpenAI's `user`), for fairness queues and per-client metrics.
+        priority: lower runs first under a priority-aware queue (vLLM's `priority`).
+        deadline_ms: latency objective after arrival, for deadline-aware queues.
+        slo_class: a named SLO tier.
+        expected_output_len: an output-length hint for length-aware queues.
     """
 
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     stop: tuple[str, ...] = ()
+    client_id: str | None = None
+    priority: int = 0
+    deadline_ms: float | None = None
+    slo_class: str | None = None
+    expected_output_len: int | None = None
 
 
 @dataclass(slots=True)
@@ -259,7 +269,10 @@ class EngineLoop:
             return
         if self._paced is not None:
             self._paced.catch_up()
-        req = engine.add_request(g.prompt_token_ids, g.sampling_params, request_id=g.request_id)
+        req = engine.add_request(g.prompt_token_ids, g.sampling_params, request_id=g.request_id,
+                                 priority=g.priority, client_id=g.client_id,
+                                 deadline_ms=g.deadline_ms, slo_class=g.slo_class,
+                                 expected_output_len=g.expected_output_len)
         if req.reject_reason is not None:
             engine.forget(req.request_id)
             self._num_done += 1
