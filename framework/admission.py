@@ -1,33 +1,47 @@
 """Token budget, KV admission and preemption: the helpers a policy's `schedule()` is built from.
 
-`AdmissionControl` is mixed into `schedlab.scheduler.Scheduler`, so a policy calls these as its
-own methods: `schedule_running` continues the running requests, `admit_waiting` admits queued
-ones in policy order, and both preempt (swap or recompute) when KV runs out, taking victims as
-the queue's `select_victim` / `outranks` say.
+`AdmissionControl` is the base of `schedlab.scheduler.Scheduler` and owns the state a step is
+built from (the limits, the KV manager, the queue, the running requests and the preemption
+counters), so a policy calls these as its own methods: `schedule_running` continues the
+running requests, `admit_waiting` admits queued ones in policy order, and both preempt (swap
+or recompute) when KV runs out, taking victims as the queue's `select_victim` / `outranks` say.
+What the queue hands back is checked where it is used: a broken rule raises `PluginFault`
+naming the queue method.
 """
 
 from __future__ import annotations
 
+from schedlab.faults import PluginFault
 from schedlab.kv_manager import KVCacheManager
 from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
+from schedlab.prefix_cache import PrefixMatch
 from schedlab.queue import RequestQueue
 from schedlab.request import Request, RequestStatus
+
+_QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 class AdmissionControl:
     """The shared step-building mechanism of every `Scheduler` (see the module docstring).
 
-    Uses the scheduler's state, set by `Scheduler.__init__`; changes it where a method says so.
+    Args:
+        config: the limits.
+        kv: allocation, freeing and prefix reuse.
+        queue: the waiting requests in policy order.
     """
 
-    # NOTE: the state below belongs to Scheduler; it is declared here for the methods that use it.
-    config: SchedulerConfig
-    kv: KVCacheManager
-    waiting: RequestQueue
-    running: list[Request]
-    num_preemptions: int
-    num_swaps: int
-    chunks_prefill: bool
+    #: whether a prompt may be split over steps (the engine then allows prompts over the budget)
+    chunks_prefill: bool = False
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, queue: RequestQueue) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting = queue
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        #: preemptions that swapped the victim's KV to host memory (the rest recompute)
+        self.num_swaps = 0
+        queue.bind(kv)
 
     def num_tokens_to_run(self, remaining: int, budget: int) -> int:
         """How many of a request's `remaining` tokens fit this step (0: none).
@@ -43,8 +57,10 @@ class AdmissionControl:
     def schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Continue running requests in order, preempting by policy when KV runs out.
 
-        Victims come from the running requests not yet scheduled this step. Returns the budget
-        left.
+        Victims are the running requests not yet scheduled this step and, where the queue
+        says the one short of KV `outranks` them, planned ones too (taken out of the step,
+        their tokens given back to the budget), as vLLM's priority scheduler does. Returns
+        the budget left.
         """
         kv, running, plan = self.kv, self.running, self._plan
         to_run = self.num_tokens_to_run
@@ -61,8 +77,14 @@ class AdmissionControl:
             target = done + n
             if kv.can_allocate(req, target):
                 kv.allocate(req, target)
-            elif not self.ensure_kv(req, target, running[i:], out):
-                continue  # req itself was preempted; running[i] is now the next one
+            else:
+                seen = {id(r) for r in running[:i]}
+                planned = out.num_batched_tokens
+                kept = self.ensure_kv(req, target, running[i:], out)
+                budget += planned - out.num_batched_tokens  # planned victims give theirs back
+                i = sum(1 for r in running if id(r) in seen)  # victims may have sat before req
+                if not kept:
+                    continue  # req itself was preempted; running[i] is now the next one
             scheduled.append(plan(req, n, done))
             budget -= n
             i += 1
@@ -79,7 +101,7 @@ class AdmissionControl:
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             if max_num_new is not None and num_new >= max_num_new:
                 break
-            req = self.waiting.peek()
+            req = self.next_waiting()
             if out.preempted and any(r is req for r in out.preempted):
                 break  # preempted in this very step: not back before the next one
             prefix = self.kv.match_prefix(req)
@@ -93,16 +115,49 @@ class AdmissionControl:
                     break
                 budget += freed
                 continue  # look again: the victims' blocks are free now
-            self.waiting.pop()
-            if req.metrics.first_scheduled_time is None:
-                self.kv.record_lookup(req, prefix)
-            self.kv.allocate(req, start + n, prefix)
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
+            self.admit(req, start + n, prefix)
             out.scheduled.append(self._plan(req, n, start))
             budget -= n
             num_new += 1
         return budget
+
+    def next_waiting(self) -> Request:
+        """The queue's head (`peek`), checked to be a request that waits. No state change.
+
+        Raises:
+            PluginFault: the queue returned a request that is running or has ended.
+        """
+        req = self.waiting.peek()
+        if req.status not in _QUEUED:
+            raise PluginFault("queue", (
+                f"peek() returned request {req.request_id!r}, which is {req.status.name}, not "
+                "waiting; a queue holds each waiting request once (did add() or prepend() "
+                "queue it twice, or pop() not remove it?)"))
+        return req
+
+    def admit(self, request: Request, num_tokens: int,
+              prefix: PrefixMatch | None = None) -> None:
+        """Move the queue's head `request` (from `next_waiting`) to the running set holding KV
+        for `num_tokens` tokens, its cached `prefix` reused and counted as computed. Call
+        `kv.can_allocate(request, num_tokens, prefix)` first. Changes state.
+
+        Raises:
+            PluginFault: the queue's `pop()` returned another request than `peek()`.
+        """
+        popped = self.waiting.pop()
+        if popped is not request:
+            raise PluginFault("queue", (
+                f"pop() returned request {popped.request_id!r} but peek() had just returned "
+                f"{request.request_id!r}; pop() must remove and return the request peek() "
+                "returns"))
+        reused = self.kv.allocate(request, num_tokens, prefix)
+        if reused.num_tokens:
+            request.num_computed_tokens = reused.num_tokens
+        if request.metrics.first_scheduled_time is None:  # vLLM counts the first lookup only
+            self.kv.record_lookup(request.num_prompt_tokens, reused.num_tokens)
+            request.metrics.num_cached_tokens = reused.num_tokens
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
 
     def plan_request(self, request: Request, num_new_tokens: int) -> ScheduledRequest:
         """A running request's share of this step: its next `num_new_tokens` tokens, from where
@@ -176,14 +231,31 @@ class AdmissionControl:
     def ensure_kv(
         self, request: Request, num_tokens: int, candidates: list[Request], out: SchedulerOutput
     ) -> bool:
-        """Make room for `request` to hold `num_tokens`, preempting `candidates` by policy.
+        """Make room for `request` to hold `num_tokens`, preempting by policy, and allocate.
+        Changes state.
 
-        `candidates` (requests not yet scheduled this step, `request` among them) shrinks in
-        place. Returns False if `request` itself had to be preempted.
+        Victims are chosen by the queue's `select_victim` among `candidates` (requests not
+        yet scheduled this step, `request` among them) and the requests planned this step
+        that `request` outranks (`RequestQueue.outranks`); a planned victim leaves
+        `out.scheduled`. `candidates` is not changed. Returns False if `request` itself had
+        to be preempted.
         """
+        pool: list[Request] | None = None
+        planned: dict[int, ScheduledRequest] = {}
         while not self.kv.can_allocate(request, num_tokens):
-            victim = self.waiting.select_victim(candidates)
-            candidates.remove(victim)
+            if pool is None:
+                pool = list(candidates)
+                queue = self.waiting
+                # NOTE: a request whose swapped KV comes back in this very step is never a victim
+                planned = {id(s.request): s for s in out.scheduled
+                           if not s.swap_in and s.request is not request
+                           and queue.outranks(request, s.request)}
+                pool += [s.request for s in planned.values()]
+            victim = self.waiting.select_victim(pool)
+            pool.remove(victim)
+            sr = planned.get(id(victim))
+            if sr is not None:
+                out.scheduled.remove(sr)
             self.preempt(victim, out)
             out.preempted.append(victim)
             if victim is request:

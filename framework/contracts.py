@@ -6,15 +6,10 @@
 
 from __future__ import annotations
 
+from schedlab.faults import PluginContractError
 from schedlab.kv_manager import KVCacheManager
-from schedlab.registry import PluginError
 from schedlab.request import RequestStatus
 from schedlab.scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
-
-
-class PluginContractError(PluginError):
-    """A plugin broke a rule of its interface while running: a bug in the plugin, not in the
-    configuration. The message names the plugin and the rule."""
 
 
 def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCacheManager,

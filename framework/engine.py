@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import NoReturn
 
 from schedlab import registry
 from schedlab.config import ConfigError as ConfigError
@@ -25,6 +26,7 @@ from schedlab.engine_setup import (
 )
 from schedlab.engine_stats import engine_counters, step_stats
 from schedlab.executor import Clock, Executor, ExecutorOutput
+from schedlab.faults import PluginSlot, blame, check_accounted
 from schedlab.intake import prompt_ids, why_invalid
 from schedlab.kv_manager import KVCacheManager
 from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
@@ -80,6 +82,17 @@ class Engine:
         self.kv = KVCacheManager(allocator, prefix_cache, self.num_swap_blocks)
         self.scheduler: Scheduler = build_plugin("scheduler", sched_cls, cfg.scheduler_options,
                                                  limits, self.kv, queue, spec=cfg.scheduler)
+        #: the plugins whose calls the engine guards, and their names in messages
+        self._slots = [
+            PluginSlot("scheduler", self.scheduler, self.scheduler_name),
+            PluginSlot("queue", queue, registry.describe(cfg.queue)),
+            PluginSlot("prefix_cache", prefix_cache, registry.describe(cfg.prefix_cache)),
+            PluginSlot("kv_allocator", allocator, registry.describe(cfg.kv_allocator)),
+            PluginSlot("executor", self.executor,
+                       registry.describe(executor_cls or cfg.executor)),
+        ]
+        #: requests handed to the scheduler that have not ended (checked after every step)
+        self._live: dict[str, Request] = {}
         self._limits = limits
         #: the last step's plan (checked in full by `check_integrity`)
         self.last_plan: SchedulerOutput | None = None
@@ -143,14 +156,23 @@ class Engine:
                              self.kv.allocator)
         if reason is not None:
             req.end(RequestStatus.REJECTED, now, reason)
-        else:
+            return req
+        try:
             self.scheduler.add_request(req)
+        except Exception as e:
+            self._raise(e, "add_request", None)
+        if not req.is_finished:
+            self._live[rid] = req
         return req
 
     def abort(self, request_id: str) -> None:
         req = self.requests[request_id]
         if not req.is_finished:
-            self.scheduler.abort(req, self.clock.now())
+            try:
+                self.scheduler.abort(req, self.clock.now())
+            except Exception as e:
+                self._raise(e, "abort", None)
+            self._live.pop(request_id, None)
 
     def set_clock(self, clock: Clock) -> None:
         """Run on `clock` instead of the executor's own, as the `clock` argument does, for an
@@ -200,6 +222,7 @@ class Engine:
         data = self.executor.export_kv(blocks) if blocks else None
         moved = self.scheduler.release(req)
         del self.requests[request_id]
+        self._live.pop(request_id, None)
         return MigratedRequest(req, moved, data)
 
     def can_migrate_in(self, migrated: MigratedRequest) -> bool:
@@ -221,9 +244,14 @@ class Engine:
         if migrated.data is not None:
             self.executor.import_kv(blocks, migrated.data)
         self.requests[req.request_id] = req
+        self._live[req.request_id] = req
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Whether a request handed to the scheduler has not ended: running, queued, or lost
+        by a broken queue (the next `step` then raises, naming it). No state change."""
+        if self.scheduler.has_unfinished():
+            return True
+        return any(not r.is_finished for r in self._live.values())
 
     # ---- the loop ------------------------------------------------------------------------
     def step(self) -> list[Request]:
@@ -233,33 +261,71 @@ class Engine:
             The requests that received a token in this step (finished ones included).
         """
         t0 = time.perf_counter()
-        plan = self.scheduler.schedule()
+        step = self._num_steps + 1
+        sched = self.scheduler
+        try:
+            plan = sched.schedule()
+        except Exception as e:
+            self._raise(e, "schedule", step)
         # NOTE: one pass over the plan (limits, tokens, KV held); ownership in check_integrity
-        check_plan(plan, self.scheduler_name, self._limits, self.kv, self._num_steps + 1)
+        check_plan(plan, self.scheduler_name, self._limits, self.kv, step)
         self.last_plan = plan
         if plan.is_empty:
             self._unstick()
+            self._check_accounted()
             return []
         now = self.clock.now()
         for sr in plan.scheduled:
             if sr.request.metrics.first_scheduled_time is None:
                 sr.request.metrics.first_scheduled_time = now
         t_sched = time.perf_counter() - t0
-        result = self.executor.execute(plan)
+        try:
+            result = self.executor.execute(plan)
+        except Exception as e:
+            self._raise(e, "execute", step)
         t1 = time.perf_counter()
         now = self.clock.now()
-        self.scheduler.update_from_output(plan, result.sampled_token_ids, now)
+        try:
+            finished = sched.update_from_output(plan, result.sampled_token_ids, now)
+        except Exception as e:
+            self._raise(e, "update_from_output", step)
+        live = self._live
+        for r in finished:
+            live.pop(r.request_id, None)
         t_update = time.perf_counter() - t1
         self._record(plan, result, now, t_sched, t_update)
+        self._check_accounted()
         return [sr.request for sr, tok in zip(plan.scheduled, result.sampled_token_ids, strict=True)
                 if tok is not None]
+
+    def _raise(self, exc: Exception, method: str, step: int | None) -> NoReturn:
+        """Raise the one-sentence error for what a plugin call raised (`schedlab.faults`),
+        the original as its cause."""
+        called = self._slots[4] if method == "execute" else self._slots[0]
+        err = blame(exc, self._slots, called, method, step)
+        if err is exc:
+            raise exc
+        raise err from exc
+
+    def _check_accounted(self) -> None:
+        """No request lost: those handed to the scheduler and not ended are all running or
+        queued (a count per step; the scan only when the counts disagree)."""
+        sched = self.scheduler
+        if len(sched.running) + len(sched.waiting) != len(self._live):
+            check_accounted(self._live, sched.running, sched.waiting, self._slots[1].name,
+                            self.scheduler_name)
 
     def _unstick(self) -> None:
         # NOTE: with validated requests an empty plan means nothing is queued; should a policy
         # ever stall with work left, its head request is rejected rather than left waiting.
-        self.scheduler.reject_stalled(
-            f"scheduler {self.scheduler_name} could not schedule it with the KV pool and "
-            "token budget it has", self.clock.now())
+        try:
+            req = self.scheduler.reject_stalled(
+                f"scheduler {self.scheduler_name} could not schedule it with the KV pool and "
+                "token budget it has", self.clock.now())
+        except Exception as e:
+            self._raise(e, "reject_stalled", self._num_steps + 1)
+        if req is not None:
+            self._live.pop(req.request_id, None)
 
     def _record(self, plan: SchedulerOutput, result: ExecutorOutput, now: float,
                 t_sched: float, t_update: float) -> None:

@@ -5,11 +5,25 @@ Schedulers talk to this class only; they never know which allocator or cache the
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from schedlab.faults import PluginFault
 from schedlab.kv import KVAllocator, KVUsage
 from schedlab.prefix_cache import PrefixCache, PrefixMatch
 from schedlab.request import Request
 
 _NO_MATCH = PrefixMatch([], 0)
+
+
+class Reused(NamedTuple):
+    """What `KVCacheManager.allocate` reused from the prefix cache: the leading tokens whose
+    KV is already computed (the scheduler counts them as computed), in whole blocks."""
+
+    num_tokens: int
+    num_blocks: int
+
+
+_NOTHING_REUSED = Reused(0, 0)
 
 
 class KVCacheManager:
@@ -53,9 +67,15 @@ class KVCacheManager:
             return _NO_MATCH
         tokens = request.all_token_ids
         m = self.prefix_cache.match(tokens)
-        max_blocks = (len(tokens) - 1) // self.block_size
+        bs = self.block_size
+        if m.num_tokens != len(m.block_ids) * bs or m.num_tokens > len(tokens):
+            raise PluginFault("prefix_cache", (
+                f"match() returned {len(m.block_ids)} blocks holding {m.num_tokens} tokens for "
+                f"a {len(tokens)}-token sequence; a match is whole blocks of {bs} tokens "
+                "(num_tokens == len(block_ids) * block_size) within the sequence"))
+        max_blocks = (len(tokens) - 1) // bs
         if len(m.block_ids) > max_blocks:
-            m = PrefixMatch(m.block_ids[:max_blocks], max_blocks * self.block_size)
+            m = PrefixMatch(m.block_ids[:max_blocks], max_blocks * bs)
         return m
 
     def can_allocate(
@@ -72,18 +92,27 @@ class KVCacheManager:
         return needed <= self.allocator.num_free_blocks() + evictable - revived
 
     # ---- changes -------------------------------------------------------------------------
-    def allocate(self, request: Request, num_tokens: int, prefix: PrefixMatch = _NO_MATCH) -> None:
-        """Give the request KV for `num_tokens` tokens, reusing `prefix` first.
+    def allocate(self, request: Request, num_tokens: int,
+                 prefix: PrefixMatch | None = None) -> Reused:
+        """Give the request KV for `num_tokens` tokens, reusing `prefix` (a `match_prefix`
+        result) first. Changes the KV state, not the request: the caller counts the reused
+        tokens as computed.
+
+        Returns:
+            What was reused (nothing without a prefix).
 
         Raises:
             RuntimeError: not enough blocks (call `can_allocate` first).
+            PluginFault: the prefix names blocks the prefix cache does not hold.
         """
-        if prefix.block_ids:
+        reused = _NOTHING_REUSED
+        if prefix is not None and prefix.block_ids:
+            self._check_cached(prefix)
             self.allocator.share(request, prefix.block_ids)
-            request.num_computed_tokens = prefix.num_tokens
             self._num_inserted[request.request_id] = len(prefix.block_ids)
             if self.prefix_cache is not None:
                 self.prefix_cache.acquire(prefix.block_ids)
+            reused = Reused(prefix.num_tokens, len(prefix.block_ids))
         if self.prefix_cache is not None:
             need = self.allocator.blocks_needed(request, num_tokens)
             short = need - self.allocator.num_free_blocks()
@@ -91,14 +120,36 @@ class KVCacheManager:
                 evicted = self.prefix_cache.evict(short, self._is_unused)
                 self.allocator.release(evicted)
         self.allocator.allocate(request, num_tokens)
+        return reused
 
-    def record_lookup(self, request: Request, prefix: PrefixMatch) -> None:
-        """Count a request's first prefix lookup for the hit rate (in tokens), and set its
-        `metrics.num_cached_tokens` (vLLM: the prompt tokens found cached when first
-        scheduled; a re-admission after preemption reuses the cache too but is not counted)."""
-        self.num_prefix_query_tokens += request.num_prompt_tokens
-        self.num_prefix_hit_tokens += prefix.num_tokens
-        request.metrics.num_cached_tokens = prefix.num_tokens
+    def _check_cached(self, prefix: PrefixMatch) -> None:
+        """Raise PluginFault unless every block of `prefix` is a distinct block of the pool that
+        the prefix cache holds and the allocator has not freed."""
+        pc, alloc = self.prefix_cache, self.allocator
+        blocks = prefix.block_ids
+        for b in blocks:
+            if not 0 <= b < alloc.num_blocks:
+                what = f"is not a block of the pool (0..{alloc.num_blocks - 1})"
+            elif pc is None or not pc.is_cached(b):
+                what = "it does not hold (is_cached() is False)"
+            elif alloc.is_free(b):
+                what = "is in the allocator's free pool"
+            else:
+                continue
+            raise PluginFault("prefix_cache", (
+                f"match() returned block {b}, which {what}; a match names only blocks the "
+                "cache holds (inserted and not evicted)"))
+        if len(set(blocks)) != len(blocks):
+            raise PluginFault("prefix_cache", (
+                f"match() returned blocks {list(blocks)[:8]} with a block twice; each block "
+                "of a match holds a different part of the prefix"))
+
+    def record_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
+        """Count a request's first prefix lookup for the hit rate, in tokens (vLLM: the prompt
+        tokens found cached when first scheduled; a re-admission after preemption reuses the
+        cache too but is not counted). Changes state (the counters)."""
+        self.num_prefix_query_tokens += num_prompt_tokens
+        self.num_prefix_hit_tokens += num_hit_tokens
 
     def cache_computed(self, request: Request) -> None:
         """Offer the request's newly completed full blocks to the prefix cache. Changes state."""

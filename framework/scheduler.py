@@ -3,7 +3,8 @@
 A policy plugin implements `schedule()`: which requests run this step and how many tokens each.
 The request lifecycle (queueing, the stop checks after a step, abort, migration between
 engines) lives here, once; the token budget, KV admission and preemption helpers a policy
-builds its plan with come from `schedlab.admission.AdmissionControl`, mixed in.
+builds its plan with, and the state they work on, come from its base
+`schedlab.admission.AdmissionControl`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from schedlab.admission import AdmissionControl
-from schedlab.kv_manager import KVCacheManager
 from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
-from schedlab.queue import RequestQueue
 from schedlab.request import Request, RequestStatus
 
 # NOTE: the plan types live in schedlab.plan; importing them from here stays supported.
@@ -25,27 +24,16 @@ class Scheduler(AdmissionControl, ABC):
     """Decides each step's plan under `max_num_seqs` and `max_num_batched_tokens`.
 
     Composed at construction with a KV manager (allocator + prefix cache) and an ordering
-    policy; it never knows which ones. The helpers a policy plans with (`schedule_running`,
-    `admit_waiting`, `preempt`, ...) are inherited from `AdmissionControl`.
+    policy; it never knows which ones. The state and the helpers a policy plans with
+    (`schedule_running`, `admit_waiting`, `preempt`, ...) come from `AdmissionControl`, its
+    base; the class attribute `chunks_prefill` (default False) says whether a prompt may be
+    split over steps (the engine then allows prompts over the budget).
 
     Args:
         config: the limits.
         kv: allocation, freeing and prefix reuse.
         queue: the waiting requests in policy order.
     """
-
-    #: whether a prompt may be split over steps (the engine then allows prompts over the budget)
-    chunks_prefill: bool = False
-
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, queue: RequestQueue) -> None:
-        self.config = config
-        self.kv = kv
-        self.waiting = queue
-        self.running: list[Request] = []
-        self.num_preemptions = 0
-        #: preemptions that swapped the victim's KV to host memory (the rest recompute)
-        self.num_swaps = 0
-        queue.bind(kv)
 
     # ---- the policy ----------------------------------------------------------------------
     @abstractmethod

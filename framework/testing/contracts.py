@@ -135,8 +135,9 @@ def prefix_cache_contract(cls: type, options: dict[str, Any] | None = None) -> N
             "in acquire())")
         pc.check_integrity()
     assert kv.can_allocate(b, b.num_tokens, m), "can_allocate() refused a cached prefix"
-    kv.allocate(b, b.num_tokens, m)
-    assert b.num_computed_tokens == m.num_tokens
+    reused = kv.allocate(b, b.num_tokens, m)
+    assert reused.num_tokens == m.num_tokens, "allocate() did not reuse the matched prefix"
+    b.num_computed_tokens = reused.num_tokens
     kv.check_integrity()
     c = Request("c", list(range(500, 620)), SamplingParams(max_tokens=1))
     kv.free(b)

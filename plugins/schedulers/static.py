@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from schedlab.request import RequestStatus
 from schedlab.scheduler import Scheduler, SchedulerOutput
 
 
@@ -36,13 +35,8 @@ class StaticScheduler(Scheduler):
 
     def _form_batch(self) -> None:
         while self.waiting and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting.peek()
+            req = self.next_waiting()
             prefix = self.kv.match_prefix(req)
             if not self.kv.can_allocate(req, req.num_tokens, prefix):
                 break
-            self.waiting.pop()
-            if req.metrics.first_scheduled_time is None:
-                self.kv.record_lookup(req, prefix)
-            self.kv.allocate(req, req.num_tokens, prefix)
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
+            self.admit(req, req.num_tokens, prefix)
