@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from schedlab.cli.settings import RunSettings, build_settings
 from schedlab.config import ConfigError
+from schedlab.faults import PluginContractError, full_traceback
 from schedlab.registry import PluginError
 
 CONFIG_PACKAGE = "pkg://schedlab.conf"
@@ -244,13 +246,16 @@ def _sweep_names() -> tuple[str | None, str | None]:
 def hydra_main(cfg: DictConfig) -> dict[str, Any] | None:
     """Hydra's task function: one job of a run or a sweep.
 
-    A bad configuration is printed as one line and recorded, so the other jobs of a sweep
-    still run and the command exits non-zero at the end.
+    A bad configuration, or a plugin that broke a rule or raised while running, is printed as
+    one line and recorded, so the other jobs of a sweep still run and the command exits
+    non-zero at the end. `HYDRA_FULL_ERROR=1` prints the plugin's traceback before the line.
     """
     try:
         return run(cfg)
     except user_errors() as e:
         msg = str(e).strip()
         FAILURES.append(msg)
+        if isinstance(e, PluginContractError) and os.environ.get("HYDRA_FULL_ERROR") == "1":
+            print(full_traceback(e), file=sys.stderr, end="")
         print(f"schedlab: error: {msg}", file=sys.stderr)
         return None

@@ -30,7 +30,7 @@ def group_options(group: str) -> list[str]:
 
 def installed(kind: str) -> list[str]:
     """Plugin names declared for an interface (entry-point metadata only, nothing imported)."""
-    return sorted({ep.name for ep in entry_points(group=registry.GROUPS[kind])})
+    return sorted({ep.name for ep in entry_points(group=registry.all_groups()[kind])})
 
 
 _DOTTED = re.compile(r"(?P<kind>\w+)=(?P<path>[\w.]+:[\w.]+)")
@@ -41,9 +41,10 @@ def rewrite_dotted(overrides: Sequence[str]) -> list[str]:
     a dotted path has no YAML in the group, so it keeps the group's default `options: {}`, and
     its options are added: `scheduler.options.k=v` -> `++scheduler.options.k=v`."""
     dotted = set()
+    kinds = registry.all_groups()
     for o in overrides:
         m = _DOTTED.fullmatch(o)
-        if m and m["kind"] in registry.GROUPS:
+        if m and m["kind"] in kinds:
             dotted.add(m["kind"])
     out = []
     for o in overrides:
@@ -68,9 +69,10 @@ def check_group_choices(overrides: Sequence[str]) -> str | None:
         return None
     if args.config_dir or any(o.key_or_group.startswith("hydra.searchpath") for o in parsed):
         return None  # the search path changes here: leave the check to Hydra
+    kinds = registry.all_groups()
     for o in parsed:
         kind = o.key_or_group
-        if kind not in registry.GROUPS or o.package is not None or o.is_delete():
+        if kind not in kinds or o.package is not None or o.is_delete():
             continue
         if o.is_sweep_override():
             try:

@@ -5,6 +5,7 @@ Behind `schedlab plugins --check` and `pytest --pyargs schedlab.testing --plugin
 
 from __future__ import annotations
 
+import os
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from schedlab import registry
 from schedlab.config import ConfigError
 from schedlab.testing.contracts import CONTRACTS
-from schedlab.testing.runs import RUN_KINDS, SETTINGS, engine_config, run_engine
+from schedlab.testing.runs import RUN_KINDS, SETTINGS, engine_config, run_cluster, run_engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +54,16 @@ def _why(exc: BaseException) -> str:
     msg = f"{type(exc).__name__}: {exc}" if not isinstance(
         exc, AssertionError | registry.PluginError | ConfigError) else str(exc)
     tb = traceback.extract_tb(exc.__traceback__)
-    if tb and not isinstance(exc, registry.PluginError | ConfigError):
+    if tb and not isinstance(exc, registry.PluginError | ConfigError) and not (
+            isinstance(exc, AssertionError) and _is_check(tb[-1].filename)):
         last = tb[-1]
         msg += f" (at {last.filename}:{last.lineno})"
     return msg or type(exc).__name__
+
+
+def _is_check(path: str) -> bool:
+    """Whether a frame is in the checks themselves (their message says it all)."""
+    return os.path.dirname(os.path.abspath(path)) == os.path.dirname(os.path.abspath(__file__))
 
 
 def check_plugin(kind: str, spec: str | type, options: dict[str, Any] | None = None,
@@ -114,6 +121,8 @@ def check_plugin(kind: str, spec: str | type, options: dict[str, Any] | None = N
     if kind not in RUN_KINDS:
         add("engine runs", None, f"none for {kind} plugins (the checks above only)")
         return out
+    if kind == "router":
+        return _cluster_runs(cls, options, seeds, add, out)
     steps = preemptions = runs = 0
     for setting in SETTINGS:
         for seed in seeds:
@@ -127,4 +136,19 @@ def check_plugin(kind: str, spec: str | type, options: dict[str, Any] | None = N
             preemptions += report.num_preemptions
     add("engine runs", True, f"{runs} runs, {steps} steps, {preemptions} preemptions: every plan "
         "in limits, KV consistent, outputs as without scheduling")
+    return out
+
+
+def _cluster_runs(cls: type, options: dict[str, Any] | None, seeds: tuple[int, ...], add,
+                  out: list[CheckResult]) -> list[CheckResult]:
+    """A router's runs: a checked cluster of three engines per seed."""
+    steps = 0
+    for seed in seeds:
+        try:
+            steps += run_cluster(cls, options, seed).num_steps
+        except Exception as e:  # noqa: BLE001
+            add("cluster runs", False, f"3 instances, seed {seed}: {_why(e)}")
+            return out
+    add("cluster runs", True, f"{len(seeds)} runs of 3 instances, {steps} steps: every request "
+        "routed to an instance in range and finished, outputs as without scheduling")
     return out

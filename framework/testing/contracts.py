@@ -213,10 +213,45 @@ def _dense_reference(q, k_ctx, v_ctx, q_lens, ctx_lens, scale, groups):
     return torch.cat(outs)
 
 
+def router_contract(cls: type, options: dict[str, Any] | None = None) -> None:
+    """Random loads over pools of 1 to 5 instances: `select` returns an index in `[0, n)`
+    every time, the hooks and `check_integrity` hold up, `bind` starts afresh. No model."""
+    from schedlab.cluster.router import InstanceLoad
+
+    router = cls(**(options or {}))
+    rng = random.Random(2)
+    name = cls.__qualname__
+    for n in (1, 2, 3, 5):
+        router.bind(n)
+        routed: list[tuple[Request, int]] = []
+        for i in range(60):
+            req = _req(i, n=rng.randint(1, 40), priority=rng.randint(0, 3))
+            loads = [InstanceLoad(
+                index=j, num_running=rng.randint(0, 8), num_waiting=rng.randint(0, 8),
+                outstanding_tokens=rng.choice([0, rng.randint(0, 4000)]),
+                kv_free_blocks=rng.randint(0, 64), num_kv_blocks=64,
+                cached_prefix_tokens=rng.choice([0, rng.randint(0, req.num_prompt_tokens)]))
+                for j in range(n)]
+            j = router.select(req, loads)
+            assert isinstance(j, int) and not isinstance(j, bool) and 0 <= j < n, (
+                f"{name}.select returned {j!r} over a pool of {n}; it must return an instance "
+                f"index in [0, {n}) every time")
+            router.on_routed(req, j)
+            routed.append((req, j))
+            if routed and rng.random() < 0.4:
+                done, where = routed.pop(rng.randrange(len(routed)))
+                router.on_finished(done, where)
+            router.check_integrity()
+        for done, where in routed:
+            router.on_finished(done, where)
+        router.check_integrity()
+
+
 #: interface -> its unit contract
 CONTRACTS: dict[str, Callable[[type, dict[str, Any] | None], None]] = {
     "queue": queue_contract,
     "kv_allocator": allocator_contract,
     "prefix_cache": prefix_cache_contract,
     "attention": attention_contract,
+    "router": router_contract,
 }

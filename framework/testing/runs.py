@@ -18,8 +18,9 @@ from schedlab.engine import Engine
 from schedlab.request import RequestStatus, SamplingParams
 from schedlab.testing.executor import VOCAB, CheckingExecutor, reference_output
 
-#: the interfaces a run exercises (attention and executor need a model: see contracts)
-RUN_KINDS = ("scheduler", "queue", "kv_allocator", "prefix_cache")
+#: the interfaces a run exercises (attention and executor need a model: see contracts);
+#: a router runs in a cluster of engines (`run_cluster`)
+RUN_KINDS = ("scheduler", "queue", "kv_allocator", "prefix_cache", "router")
 
 BLOCK_SIZE = 4
 MAX_MODEL_LEN = 48
@@ -69,6 +70,53 @@ def engine_config(kind: str, spec: str | type, options: dict[str, Any] | None,
     e.setdefault("max_num_batched_tokens", 16 if sched.chunks_prefill else MAX_MODEL_LEN)
     return EngineConfig(model="schedlab-testing", block_size=BLOCK_SIZE,
                         max_model_len=MAX_MODEL_LEN, num_kv_blocks=20, max_num_seqs=6, **e)
+
+
+def run_cluster(spec: str | type, options: dict[str, Any] | None, seed: int,
+                num_instances: int = 3, num_requests: int = 24) -> RunReport:
+    """A seeded random workload through a cluster of `num_instances` checked engines behind
+    the router (on `CheckingExecutor`, no model): every request must end, each with the
+    output it has without scheduling, and every instance's KV pool must come back whole.
+
+    Raises:
+        AssertionError, PluginError: the first broken invariant, in one sentence.
+    """
+    from schedlab.cluster import Cluster
+    from schedlab.cluster.config import ClusterConfig
+    from schedlab.runs.distributions import WorkloadRequest
+
+    rng = random.Random(seed)
+    engine = EngineConfig(model="schedlab-testing", block_size=BLOCK_SIZE,
+                          max_model_len=MAX_MODEL_LEN, num_kv_blocks=20, max_num_seqs=4,
+                          max_num_batched_tokens=MAX_MODEL_LEN, prefix_cache="hash_block")
+    prefixes = [[rng.randrange(1, VOCAB) for _ in range(rng.randint(0, 16))] for _ in range(3)]
+    workload = []
+    for _ in range(num_requests):
+        prompt = (rng.choice(prefixes) + [rng.randrange(1, VOCAB) for _ in
+                                         range(rng.randint(1, 12))])[: MAX_MODEL_LEN - 17]
+        workload.append(WorkloadRequest(prompt, rng.randint(1, 16),
+                                        arrival_s=rng.randint(0, 20) * 1e-3,
+                                        priority=rng.randint(0, 2)))
+    workload.sort(key=lambda w: w.arrival_s)
+    cluster = Cluster(ClusterConfig(num_instances=num_instances, router=spec,
+                                    router_options=dict(options or {})), engine,
+                      executor_cls=CheckingExecutor)
+    result = cluster.run(workload, check=True)
+    reqs = result.run.requests
+    assert len(reqs) == num_requests, (
+        f"{num_requests - len(reqs)} of {num_requests} requests were never routed")
+    for r in reqs:
+        assert r.is_finished and r.status is not RequestStatus.REJECTED, (
+            f"request {r.request_id!r} ended {r.status.name}: {r.reject_reason}")
+        want = reference_output(r, MAX_MODEL_LEN)
+        assert r.output_token_ids == want, (
+            f"request {r.request_id!r} produced {r.output_token_ids}, expected {want}")
+    for inst in cluster.instances:
+        u = inst.engine.kv.usage()
+        assert u.used_blocks == 0, f"instance {inst.index}: {u.used_blocks} KV blocks still used"
+    steps = sum(i.engine.counters().num_steps for i in cluster.instances)
+    preemptions = sum(i.engine.counters().num_preemptions for i in cluster.instances)
+    return RunReport(len(reqs), steps, preemptions, 0)
 
 
 def run_engine(config: EngineConfig, seed: int, num_requests: int = 16) -> RunReport:

@@ -10,7 +10,14 @@ import pytest
 from schedlab import registry
 from schedlab.testing.checks import all_targets, check_plugin, parse_target
 from schedlab.testing.contracts import CONTRACTS
-from schedlab.testing.runs import RUN_KINDS, SETTINGS, engine_config, run_engine
+from schedlab.testing.runs import (
+    RUN_KINDS,
+    SETTINGS,
+    RunSetting,
+    engine_config,
+    run_cluster,
+    run_engine,
+)
 
 
 def _targets(config) -> list[tuple[str, str]]:
@@ -21,12 +28,21 @@ def _targets(config) -> list[tuple[str, str]]:
     return [parse_target(t) for t in given] if given else all_targets()
 
 
+#: a router's run: a cluster of checked engines (`run_cluster`)
+CLUSTER = RunSetting("3 instances behind the router")
+
+
 def pytest_generate_tests(metafunc) -> None:
-    if "target" in metafunc.fixturenames:
-        targets = _targets(metafunc.config)
-        metafunc.parametrize("target", targets, ids=[f"{k}={n}" for k, n in targets])
+    if "target" not in metafunc.fixturenames:
+        return
+    targets = _targets(metafunc.config)
     if "setting" in metafunc.fixturenames:
-        metafunc.parametrize("setting", SETTINGS, ids=[s.name for s in SETTINGS])
+        pairs = [(t, s) for t in targets
+                 for s in ((CLUSTER,) if t[0] == "router" else SETTINGS)]
+        metafunc.parametrize("target,setting", pairs,
+                             ids=[f"{k}={n}-{s.name}" for (k, n), s in pairs])
+    else:
+        metafunc.parametrize("target", targets, ids=[f"{k}={n}" for k, n in targets])
 
 
 def test_loads(target):
@@ -53,6 +69,9 @@ def test_engine_runs(target, setting, seed):
     kind, name = target
     if kind not in RUN_KINDS:
         pytest.skip(f"{kind} plugins need a model to run")
+    if kind == "router":
+        run_cluster(registry.load(kind, name), None, seed)
+        return
     run_engine(engine_config(kind, registry.load(kind, name), None, setting), seed)
 
 

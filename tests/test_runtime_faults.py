@@ -1,0 +1,168 @@
+"""Plugins that break while running, blamed on the right plugin in one sentence.
+
+The broken plugins live in `tests/fixtures/broken_plugins/` and are named as a user names
+them, by dotted path (`queue=lossy_queue:DropEveryThirdQueue`); each test asserts the whole
+sentence a user reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fakes import FakeExecutor
+
+from schedlab import LLM, SamplingParams
+from schedlab.config import EngineConfig
+from schedlab.contracts import PluginContractError
+from schedlab.engine import Engine
+from schedlab.faults import PluginRuntimeError
+
+BROKEN = Path(__file__).parent / "fixtures" / "broken_plugins"
+
+
+@pytest.fixture(autouse=True)
+def _broken_plugins_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(BROKEN))
+    monkeypatch.chdir(BROKEN)  # locations in messages are relative to the current directory
+
+
+def _engine(**kw) -> Engine:
+    base = dict(model="fake", block_size=4, max_model_len=64, num_kv_blocks=40, max_num_seqs=4)
+    return Engine(EngineConfig(**{**base, **kw}), executor_cls=FakeExecutor)
+
+
+def _run(engine: Engine, num_requests: int = 6) -> None:
+    for i in range(num_requests):
+        engine.add_request([5, 6, 7, 8] * 3 + [i], SamplingParams(max_tokens=6))
+    engine.run_until_done()
+
+
+ROWS = {
+    "queue drops requests": (
+        {"queue": "lossy_queue:DropEveryThirdQueue"},
+        "queue 'lossy_queue:DropEveryThirdQueue' lost 2 requests: add() accepted them but "
+        "pop()/iteration never returned them (request ids '2', '5')"),
+    "queue queues twice": (
+        {"queue": "twice_queue:EchoQueue"},
+        "queue 'twice_queue:EchoQueue' peek() returned request '0', which is RUNNING, not "
+        "waiting; a queue holds each waiting request once (did add() or prepend() queue it "
+        "twice, or pop() not remove it?)"),
+    "pop() is not peek()": (
+        {"queue": "twice_queue:NewestPopQueue"},
+        "queue 'twice_queue:NewestPopQueue' pop() returned request '5' but peek() had just "
+        "returned '0'; pop() must remove and return the request peek() returns"),
+    "match claims blocks not held": (
+        {"prefix_cache": "lying_caches:PhantomPrefixCache"},
+        "prefix_cache 'lying_caches:PhantomPrefixCache' match() returned block 0, which it "
+        "does not hold (is_cached() is False); a match names only blocks the cache holds "
+        "(inserted and not evicted)"),
+    "match over-reports num_tokens": (
+        {"prefix_cache": "lying_caches:OverCountingPrefixCache"},
+        "prefix_cache 'lying_caches:OverCountingPrefixCache' match() returned 3 blocks holding "
+        "16 tokens for a 13-token sequence; a match is whole blocks of 4 tokens (num_tokens == "
+        "len(block_ids) * block_size) within the sequence"),
+    "schedule() raises": (
+        {"scheduler": "boom_scheduler:BoomScheduler"},
+        "scheduler 'boom_scheduler:BoomScheduler' raised KeyError('oops') in schedule() at "
+        "step 5 (boom_scheduler.py:17)"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("row", list(ROWS))
+def test_broken_plugin_is_named_in_one_sentence(row):
+    plugins, sentence = ROWS[row]
+    with pytest.raises(PluginContractError) as e:
+        _run(_engine(**plugins))
+    assert str(e.value) == sentence
+
+
+def test_a_raise_is_blamed_on_the_plugin_whose_code_raised():
+    """The queue's peek() raising inside the scheduler's admission is the queue's fault."""
+    with pytest.raises(PluginRuntimeError) as e:
+        _run(_engine(queue="twice_queue:IndexedQueue"))
+    assert str(e.value) == ("queue 'twice_queue:IndexedQueue' raised KeyError('head') in peek() "
+                            "at step 1 (twice_queue.py:55)")
+    assert isinstance(e.value.__cause__, KeyError)  # the full traceback
+
+
+@pytest.mark.timeout(60)
+def test_lost_requests_under_llm_generate():
+    """LLM.generate never hands back finish_reason=None: the lost requests are an error."""
+    llm = LLM("llama3_8b", executor="sim", queue="lossy_queue:DropEveryThirdQueue")
+    with pytest.raises(PluginContractError, match=r"^queue 'lossy_queue:DropEveryThirdQueue' "
+                       r"lost 2 requests: add\(\) accepted them"):
+        llm.generate([[1, 2, 3, 4, 5] * i for i in range(1, 8)], SamplingParams(max_tokens=4))
+    assert all(r.finish_reason is not None for r in llm.engine.requests.values())
+
+
+@pytest.mark.timeout(120)
+def test_lost_requests_under_schedlab_run(tmp_path, capsys):
+    """`schedlab run` with the lossy queue: one line, exit 2, within the run (no hang)."""
+    from schedlab.cli import main
+
+    rc = main(["run", "executor=sim", "model=llama3_8b", "hardware=h100",
+               "queue=lossy_queue:DropEveryThirdQueue", "workload.num_requests=7",
+               "driver.progress=false", "print_table=false", "logger=none", "plots=false",
+               f"hydra.run.dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err == ("schedlab: error: queue 'lossy_queue:DropEveryThirdQueue' lost 2 requests: "
+                   "add() accepted them but pop()/iteration never returned them (request ids "
+                   "'2', '5')\n")
+
+
+@pytest.mark.timeout(180)
+def test_scheduler_raising_under_schedlab_run(tmp_path, capsys, monkeypatch):
+    """One line naming the scheduler, the method, the step and the line; HYDRA_FULL_ERROR=1
+    adds the plugin's own traceback."""
+    from schedlab.cli import main
+
+    args = ["run", "executor=sim", "model=llama3_8b", "hardware=h100",
+            "scheduler=boom_scheduler:BoomScheduler", "workload.num_requests=7",
+            "driver.progress=false", "print_table=false", "logger=none", "plots=false"]
+    line = ("schedlab: error: scheduler 'boom_scheduler:BoomScheduler' raised KeyError('oops') "
+            "in schedule() at step 5 (boom_scheduler.py:17)\n")
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    assert main([*args, f"hydra.run.dir={tmp_path / 'a'}"]) == 2
+    assert capsys.readouterr().err == line
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    assert main([*args, f"hydra.run.dir={tmp_path / 'b'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and err.endswith(line)
+    assert 'return self.table["oops"]' in err
+
+
+def test_routers_as_a_config_group(tmp_path, capsys):
+    """`router=NAME` gets the installed list like every group; `router=module:Class` runs."""
+    from schedlab.cli import main
+
+    assert main(["run", "router=fifo"]) == 2
+    assert capsys.readouterr().err == (
+        "schedlab: error: router='fifo' is not a router config; configs: least_loaded, "
+        "prefix_aware, round_robin; installed router plugins: least_loaded, prefix_aware, "
+        "round_robin; or a class as router=module:Class\n")
+    rc = main(["run", "executor=sim", "model=llama3_8b", "hardware=h100", "cluster=replicas",
+               "router=bad_routers:OffByOneRouter", "workload.num_requests=4",
+               "driver.progress=false", "print_table=false", "logger=none", "plots=false",
+               f"hydra.run.dir={tmp_path}"])
+    assert rc == 2
+    assert "router OffByOneRouter.select returned 2; it must return an instance index in " \
+        "[0, 2)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("router,sentence", [
+    ("bad_routers:OffByOneRouter", "OffByOneRouter.select returned 1 over a pool of 1; it must "
+     "return an instance index in [0, 1) every time"),
+    ("bad_routers:NoneRouter", "NoneRouter.select returned None over a pool of 1; it must "
+     "return an instance index in [0, 1) every time"),
+])
+def test_router_contract_in_plugins_check(router, sentence, capsys):
+    from schedlab.cli import main
+
+    assert main(["plugins", "--check", f"router={router}", "router=round_robin"]) == 1
+    out = capsys.readouterr().out
+    assert f"router '{router}'\n" in out and f"  FAIL  contract: {sentence}\n" in out
+    assert "  ok    cluster runs: 2 runs of 3 instances" in out  # round_robin
+    assert "2 plugins checked: 1 passed, 1 failed" in out
