@@ -221,6 +221,12 @@ class RequestOutput:
     metrics: RequestMetrics
     reject_reason: str | None = None
 
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens found in the prefix cache when the request was first scheduled
+        (vLLM's `RequestOutput.num_cached_tokens`; the same as `metrics.num_cached_tokens`)."""
+        return self.metrics.num_cached_tokens
+
 
 @dataclass(slots=True)
 class MigratedRequest:

@@ -71,3 +71,13 @@ def test_request_exactly_at_max_model_len_runs(llama_dir):
     out = llm.generate([list(range(2, 20))], SamplingParams(temperature=0, max_tokens=6,
                                                             ignore_eos=True))[0]
     assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 6
+
+
+def test_request_output_counts_cached_prompt_tokens_at_the_top_level():
+    """vLLM's `RequestOutput.num_cached_tokens`: the prompt found in the prefix cache."""
+    llm = LLM("llama3_8b", executor="sim", prefix_cache="hash_block", block_size=16)
+    prompt = list(range(1, 50))
+    first, = llm.generate([prompt], SamplingParams(max_tokens=2))
+    second, = llm.generate([prompt], SamplingParams(max_tokens=2))
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens == 48 == second.metrics.num_cached_tokens
