@@ -38,7 +38,7 @@ def in_examples(monkeypatch):
 def test_the_page_shows_each_example_file_exactly():
     shown = {m["path"]: m["body"] for m in blocks("file")}
     assert set(shown) == {f"tests/fixtures/plugin_examples/{n}.py"
-                          for n in ("decode_first", "lpf_queue", "lfu_cache")}
+                          for n in ("decode_first", "lpf_queue", "lfu_cache", "shortest_queue")}
     for path, body in shown.items():
         assert body == (ROOT / path).read_text(), f"docs/plugins.md's copy of {path} is stale"
 
@@ -55,7 +55,7 @@ def test_plugins_check_lines_pass(in_examples, capsys):
     lines = [ln.split("#")[0].strip() for m in blocks(lang="bash")
              for ln in m["body"].splitlines()]
     checks = [shlex.split(ln) for ln in lines if ln.startswith("schedlab plugins --check ")]
-    assert len(checks) == 2
+    assert len(checks) == 3
     for argv in checks:
         assert main(argv[1:]) == 0, capsys.readouterr().out
 
