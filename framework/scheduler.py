@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from schedlab.admission import AdmissionControl
+from schedlab.faults import PluginFault
 from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
 from schedlab.request import Request, RequestStatus
 
@@ -46,13 +47,24 @@ class Scheduler(AdmissionControl, ABC):
 
     # ---- the shared mechanism ------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        """Queue a validated request. Changes state."""
-        reason = self.waiting.accept(request)
+        """Queue a validated request. Changes state.
+
+        Raises:
+            PluginFault: the queue's `add()` queued it more than once.
+        """
+        queue = self.waiting
+        reason = queue.accept(request)
         if reason is not None:  # refused by the policy (e.g. a client over its rate limit)
             self._reject(request, reason, request.arrival_time)
             return
         request.status = RequestStatus.WAITING
-        self.waiting.add(request)
+        before = len(queue)
+        queue.add(request)
+        grown = len(queue) - before
+        if grown > 1:  # NOTE: a request add() drops is found after the next step (the engine)
+            raise PluginFault("queue", (
+                f"add() of request {request.request_id!r} grew len() by {grown}; add() queues "
+                "a request once"))
 
     def update_from_output(
         self, output: SchedulerOutput, sampled: Sequence[int | None], now: float

@@ -45,9 +45,13 @@ ROWS = {
         "pop()/iteration never returned them (request ids '2', '5')"),
     "queue queues twice": (
         {"queue": "twice_queue:EchoQueue"},
-        "queue 'twice_queue:EchoQueue' peek() returned request '0', which is RUNNING, not "
-        "waiting; a queue holds each waiting request once (did add() or prepend() queue it "
-        "twice, or pop() not remove it?)"),
+        "queue 'twice_queue:EchoQueue' add() of request '0' grew len() by 2; add() queues a "
+        "request once"),
+    "pop() keeps the head": (
+        {"queue": "twice_queue:StickyHeadQueue"},
+        "queue 'twice_queue:StickyHeadQueue' peek() returned request '0', which is RUNNING, "
+        "not waiting; a queue holds each waiting request once (did add() or prepend() queue "
+        "it twice, or pop() not remove it?)"),
     "pop() is not peek()": (
         {"queue": "twice_queue:NewestPopQueue"},
         "queue 'twice_queue:NewestPopQueue' pop() returned request '5' but peek() had just "
