@@ -88,8 +88,6 @@ class Engine:
             PluginSlot("queue", queue, registry.describe(cfg.queue)),
             PluginSlot("prefix_cache", prefix_cache, registry.describe(cfg.prefix_cache)),
             PluginSlot("kv_allocator", allocator, registry.describe(cfg.kv_allocator)),
-            PluginSlot("executor", self.executor,
-                       registry.describe(executor_cls or cfg.executor)),
         ]
         #: requests handed to the scheduler that have not ended (checked after every step)
         self._live: dict[str, Request] = {}
@@ -279,10 +277,9 @@ class Engine:
             if sr.request.metrics.first_scheduled_time is None:
                 sr.request.metrics.first_scheduled_time = now
         t_sched = time.perf_counter() - t0
-        try:
-            result = self.executor.execute(plan)
-        except Exception as e:
-            self._raise(e, "execute", step)
+        # NOTE: not guarded: an executor's errors (device lost, out of memory) are the
+        # environment's, and callers catch them by their own types
+        result = self.executor.execute(plan)
         t1 = time.perf_counter()
         now = self.clock.now()
         try:
@@ -301,8 +298,7 @@ class Engine:
     def _raise(self, exc: Exception, method: str, step: int | None) -> NoReturn:
         """Raise the one-sentence error for what a plugin call raised (`schedlab.faults`),
         the original as its cause."""
-        called = self._slots[4] if method == "execute" else self._slots[0]
-        err = blame(exc, self._slots, called, method, step)
+        err = blame(exc, self._slots, self._slots[0], method, step)
         if err is exc:
             raise exc
         raise err from exc

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 from schedlab.attention import KVCacheSpec
 from schedlab.config import EngineConfig
 from schedlab.executor import Executor, ExecutorOutput, VirtualClock
-from schedlab.faults import PluginContractError
 from schedlab.model import ModelSpec
 from schedlab.plan import SchedulerOutput
 from schedlab.request import Request
@@ -32,9 +31,8 @@ SPEC = ModelSpec(
 )
 
 
-class KVContractError(PluginContractError, AssertionError):
-    """A plan read or wrote KV it must not have (the message names the request and block).
-    The engine passes it on as it is: the fault is the plan's, not this executor's."""
+class KVContractError(AssertionError):
+    """A plan read or wrote KV it must not have (the message names the request and block)."""
 
 
 def next_token(tokens: list[int]) -> int:
