@@ -16,9 +16,13 @@ import sys
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from schedlab.registry import PluginError
 from schedlab.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from schedlab.queue import RequestQueue
 
 _FRAMEWORK_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -113,7 +117,8 @@ def blame(exc: BaseException, slots: Iterable[PluginSlot], called: PluginSlot, m
         frame, line = frames[-1]
         loc = _where(frame.f_code.co_filename, line)
     at = f" at step {step}" if step is not None else ""
-    return PluginRuntimeError(f"{culprit.kind} {culprit.name} raised {exc!r} in {fn}(){at}"
+    what = repr(exc) if len(repr(exc)) <= 300 else repr(exc)[:297] + "..."
+    return PluginRuntimeError(f"{culprit.kind} {culprit.name} raised {what} in {fn}(){at}"
                               + (f" ({loc})" if loc else ""))
 
 
@@ -140,7 +145,7 @@ def full_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
 
 
-def check_accounted(live: dict[str, Request], running: list[Request], queue,
+def check_accounted(live: dict[str, Request], running: list[Request], queue: RequestQueue,
                     queue_name: str, scheduler_name: str) -> None:
     """Every request the engine handed to the scheduler and that has not ended is running or
     queued, once. Call it when `len(running) + len(queue) != len(live)` (the cheap test); it
@@ -154,7 +159,7 @@ def check_accounted(live: dict[str, Request], running: list[Request], queue,
         del live[rid]
     if len(running) + len(queue) == len(live):
         return
-    queued: dict[int, int] = {}
+    queued: dict[int, int] = {}  # id(request) -> times iteration yields it
     for r in queue:
         queued[id(r)] = queued.get(id(r), 0) + 1
     twice = [r for r in live.values() if queued.get(id(r), 0) > 1]
