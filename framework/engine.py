@@ -257,6 +257,11 @@ class Engine:
 
         Returns:
             The requests that received a token in this step (finished ones included).
+
+        Raises:
+            PluginContractError: a plugin broke a rule (the plan's limits, the queue's or the
+                prefix cache's contract, a request lost), or raised (`PluginRuntimeError`,
+                the original as its cause); one sentence naming the plugin.
         """
         t0 = time.perf_counter()
         step = self._num_steps + 1

@@ -61,6 +61,11 @@ ROWS = {
         "prefix_cache 'lying_caches:PhantomPrefixCache' match() returned block 0, which it "
         "does not hold (is_cached() is False); a match names only blocks the cache holds "
         "(inserted and not evicted)"),
+    "match claims free blocks": (
+        {"prefix_cache": "lying_caches:ClaimsEverythingCache"},
+        "prefix_cache 'lying_caches:ClaimsEverythingCache' match() returned block 0, which is "
+        "in the allocator's free pool; a match names only blocks the cache holds (inserted "
+        "and not evicted)"),
     "match over-reports num_tokens": (
         {"prefix_cache": "lying_caches:OverCountingPrefixCache"},
         "prefix_cache 'lying_caches:OverCountingPrefixCache' match() returned 3 blocks holding "
