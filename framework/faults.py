@@ -176,9 +176,10 @@ def check_accounted(live: dict[str, Request], running: list[Request], queue: Req
             f"{'s' if len(dropped) > 1 else ''} ({_ids(dropped)}) from self.running without "
             "finishing or preempting them")
     if lost:
+        them = "them" if len(lost) > 1 else "it"
         raise PluginContractError(
             f"queue {queue_name} lost {len(lost)} request{'s' if len(lost) > 1 else ''}: add() "
-            f"accepted them but pop()/iteration never returned them ({_ids(lost)})")
+            f"accepted {them} but pop()/iteration never returned {them} ({_ids(lost)})")
     if len(queue) != len(queued):
         raise PluginContractError(
             f"queue {queue_name}: len() is {len(queue)} but iteration yields {len(queued)} "
@@ -187,5 +188,5 @@ def check_accounted(live: dict[str, Request], running: list[Request], queue: Req
 
 def _ids(reqs: list[Request]) -> str:
     shown = ", ".join(repr(r.request_id) for r in reqs[:5])
-    return f"request ids {shown}" + (", ..." if len(reqs) > 5 else "")
+    return f"request id{'s' if len(reqs) > 1 else ''} {shown}" + (", ..." if len(reqs) > 5 else "")
 
