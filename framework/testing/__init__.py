@@ -19,7 +19,8 @@ _EXPORTS = {
     "CheckResult": "checks", "all_targets": "checks", "check_plugin": "checks",
     "parse_target": "checks",
     "CheckingExecutor": "executor", "KVContractError": "executor", "reference_output": "executor",
-    "SETTINGS": "runs", "RunSetting": "runs", "engine_config": "runs", "run_engine": "runs", "run_cluster": "runs",
+    "SETTINGS": "runs", "RunSetting": "runs", "engine_config": "runs", "run_engine": "runs",
+    "run_cluster": "runs",
     "CONTRACTS": "contracts",
 }
 
