@@ -143,7 +143,7 @@ def test_scheduler_raising_under_schedlab_run(tmp_path, capsys, monkeypatch):
     assert 'return self.table["oops"]' in err
 
 
-def test_routers_as_a_config_group(tmp_path, capsys):
+def test_routers_as_a_config_group(tmp_path, capsys, monkeypatch):
     """`router=NAME` gets the installed list like every group; `router=module:Class` runs."""
     from schedlab.cli import main
 
@@ -159,6 +159,13 @@ def test_routers_as_a_config_group(tmp_path, capsys):
     assert rc == 2
     assert "router OffByOneRouter.select returned 2; it must return an instance index in " \
         "[0, 2)" in capsys.readouterr().err
+    run = ["run", "executor=sim", "model=llama3_8b", "hardware=h100", "cluster=replicas",
+           "router=fixtures.plugin_examples.shortest_queue:ShortestQueueRouter",
+           "workload.num_requests=4", "driver.progress=false", "print_table=false",
+           "logger=none", "plots=false", f"hydra.run.dir={tmp_path / 'ok'}"]
+    monkeypatch.syspath_prepend(str(BROKEN.parents[1]))
+    assert main(run) == 0, capsys.readouterr().err
+    assert (tmp_path / "ok" / "results.json").is_file()
 
 
 @pytest.mark.parametrize("router,sentence", [
