@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from schedlab.request import Request, RequestStatus, SamplingParams
-from schedlab.runs.driver import RunResult
 from schedlab.runs.metrics import compute_metrics, parse_slo
+from schedlab.runs.run_result import RunResult
 from schedlab.stats import StepStats
 
 

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from schedlab.request import Request, RequestStatus
-from schedlab.runs.driver import RunResult
 from schedlab.runs.groups import (
     group_metrics,
     is_completed,
@@ -30,6 +29,7 @@ from schedlab.runs.groups import (
     per_second,
     percentile_keys,
 )
+from schedlab.runs.run_result import RunResult
 from schedlab.stats import step_phase_metrics
 
 SLO_KEYS = ("ttft", "tpot", "e2el")

@@ -21,7 +21,8 @@ import httpx
 
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
-from schedlab.runs.driver import RunResult, progress_bar
+from schedlab.runs.driver import progress_bar
+from schedlab.runs.run_result import RunResult
 
 
 class BenchError(RuntimeError):

@@ -6,7 +6,8 @@ tokens go back to each handler's `RequestStream` (an asyncio queue fed with
 `call_soon_threadsafe`). Nothing is dropped: every submitted request gets exactly one final
 event (finished, aborted, rejected with its reason, or refused while overloaded/draining).
 
-On a virtual clock (`executor=sim`) the loop runs in real time (see `schedlab.serve.clock`).
+On a virtual clock (`executor=sim`) the loop runs in real time (`build_engine`, a
+`schedlab.clock.PacedClock`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from schedlab.clock import PacedClock, VirtualClock
+from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import Request, SamplingParams
-from schedlab.serve.clock import PacedClock
 from schedlab.serve.text import TextStream
 from schedlab.stats import EngineCounters
 
@@ -30,6 +32,15 @@ log = logging.getLogger("schedlab.serve")
 
 #: how long the idle loop blocks on its inbox before checking whether it should stop (s)
 _IDLE_WAIT_S = 0.05
+
+
+def build_engine(config: EngineConfig) -> Engine:
+    """An engine for serving: as `Engine(config)`, but an executor on a virtual clock runs on a
+    `PacedClock` (real-time pacing of the simulated step times)."""
+    engine = Engine(config)
+    if isinstance(engine.clock, VirtualClock):
+        engine.set_clock(PacedClock())
+    return engine
 
 
 @dataclass(slots=True)
