@@ -248,20 +248,10 @@ def _message(text: str) -> str:
 
 
 def client_metrics(run: RunResult, metrics: dict) -> dict:
-    """`compute_metrics` output as a client sees it: engine-only and queueing keys dropped,
-    `max_concurrent_requests` counted from the requests' send..finish intervals."""
+    """`compute_metrics` output as a client sees it: engine-only and queueing keys dropped
+    (`max_concurrent_requests`, from the requests' send..finish intervals, stays)."""
     engine_only = set(engine_keys())
-    out = {k: v for k, v in metrics.items() if k not in engine_only and "_queue_ms" not in k}
-    events: list[tuple[float, int]] = []
-    for r in run.requests:
-        if r.metrics.finished_time is not None:
-            events += [(r.arrival_time, 1), (r.metrics.finished_time, -1)]
-    peak = cur = 0
-    for _, d in sorted(events):
-        cur += d
-        peak = max(peak, cur)
-    out["max_concurrent_requests"] = peak
-    return out
+    return {k: v for k, v in metrics.items() if k not in engine_only and "_queue_ms" not in k}
 
 
 def engine_keys() -> list[str]:
