@@ -54,7 +54,7 @@ WORKLOADS = {
 
 def sim(**kw) -> EngineConfig:
     return EngineConfig(model="llama3_8b", executor="sim", executor_options={"hardware": "h100"},
-                        prefix_cache="hash_block", **{"num_kv_blocks": 512, **kw})
+                        **{"prefix_cache": "hash_block", "num_kv_blocks": 512, **kw})
 
 
 def workload(kind: str):
@@ -125,6 +125,24 @@ def test_max_concurrency_caps_the_whole_cluster(layout):
     check_arrival_rules(wl, run, max_concurrency=2)
     m = compute_metrics(run)
     assert m["completed"] == len(wl) and m["max_concurrent_requests"] == 2
+
+
+def test_cluster_kv_use_and_running_seats_are_the_whole_clusters():
+    """Four instances that each fill their 64-block pool: the cluster's KV peak is near 100%
+    of the cluster's pool (not one instance's peak over it), each instance's own peak is in
+    the summary, and running seats add up over the instances."""
+    wl = build_workload({"type": "synthetic", "num_requests": 96,
+                         "input_len": {"dist": "uniform", "min": 16, "max": 128},
+                         "output_len": {"dist": "uniform", "min": 8, "max": 32}}, 128_256, seed=0)
+    ec = sim(num_kv_blocks=64, prefix_cache="none")
+    one = compute_metrics(run_workload(Engine(ec), wl))
+    res = Cluster(ClusterConfig(num_instances=4), ec).run(wl)
+    four = compute_metrics(res.run)
+    assert one["peak_kv_usage_pct"] == 100.0 and four["peak_kv_usage_pct"] > 90.0
+    assert [i.peak_kv_usage_pct for i in res.instances] == [100.0] * 4
+    assert four["num_kv_blocks"] == 4 * 64
+    assert four["max_num_running"] > 2 * one["max_num_running"]
+    assert one["max_concurrent_requests"] == four["max_concurrent_requests"] == 96
 
 
 def test_a_cluster_that_drops_sessions_fails_the_checks(monkeypatch):

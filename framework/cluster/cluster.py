@@ -305,7 +305,8 @@ class Cluster:
     def result(self, max_concurrency: int | None = None) -> RunResult:
         """The run since `begin_run` as one `RunResult`: every routed request in workload
         order, every instance's steps in time order, the counters summed over instances, and
-        the cluster's KV use (every instance's used blocks) after each step. No state change.
+        (several instances) the cluster's KV blocks in use and running requests after each
+        step. No state change.
         """
         requests = [self._routed[k] for k in sorted(self._routed)]
         tagged = []
@@ -319,10 +320,12 @@ class Cluster:
             tagged += [(s.time, n, s) for s in e.step_stats[first:]]
         tagged.sort(key=lambda x: x[0])  # stable: one instance's steps keep their order
         used = [0] * len(self.instances)
-        cluster_used = []
+        running = [0] * len(self.instances)
+        cluster_used, cluster_running = [], []
         for _, n, s in tagged:
-            used[n] = s.kv_used_blocks
+            used[n], running[n] = s.kv_used_blocks, s.num_running
             cluster_used.append(sum(used))
+            cluster_running.append(sum(running))
 
         def delta(name: str) -> int:
             return sum(getattr(c1, name) - (getattr(c0, name) if c0 else 0)
@@ -341,7 +344,8 @@ class Cluster:
             max_concurrency=max_concurrency,
             num_prefix_hit_tokens=hits,
             num_swaps=delta("num_swaps"),
-            kv_used_blocks=cluster_used,
+            kv_used_blocks=cluster_used if len(self.instances) > 1 else [],
+            num_running=cluster_running if len(self.instances) > 1 else [],
         )
 
     def result_with_summary(self, run: RunResult) -> ClusterRunResult:

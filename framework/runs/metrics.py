@@ -146,6 +146,7 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
     # NOTE: a cluster's KV use is every instance's used blocks at each step over the whole
     # cluster's pool (one instance's peak over the cluster's pool would shrink with N)
     kv_blocks = run.kv_used_blocks or [s.kv_used_blocks for s in steps]
+    running = run.num_running or [s.num_running for s in steps]
     peak_blocks = max(kv_blocks, default=0)
     return {
         "num_steps": len(steps),
@@ -161,8 +162,8 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
         "mean_kv_used_tokens": used / len(steps) if steps else 0.0,
         "kv_waste_pct": 100.0 * (1.0 - used / reserved) if reserved else 0.0,
         "mean_batch_size": _mean([s.num_scheduled_seqs for s in steps]),
-        "mean_num_running": _mean([s.num_running for s in steps]),
-        "max_num_running": max((s.num_running for s in steps), default=0),
+        "mean_num_running": _mean(running),
+        "max_num_running": max(running, default=0),
         "mean_num_waiting": _mean([s.num_waiting for s in steps]),
         "mean_tokens_per_step": _mean([s.num_scheduled_tokens for s in steps]),
         "mean_step_time_ms": 1000.0 * _mean([s.step_time for s in steps]),

@@ -31,6 +31,8 @@ class RunResult:
         num_swaps: see above.
         kv_used_blocks: KV blocks in use in the whole cluster (every instance) after each
             step of `step_stats`; empty: each step's own `kv_used_blocks` (one engine).
+        num_running: requests running in the whole cluster after each step; empty: each
+            step's own `num_running` (one engine).
     """
 
     requests: list[Request]
@@ -45,3 +47,4 @@ class RunResult:
     num_prefix_hit_tokens: int = 0
     num_swaps: int = 0
     kv_used_blocks: list[int] = field(default_factory=list)
+    num_running: list[int] = field(default_factory=list)
