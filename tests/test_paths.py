@@ -248,3 +248,25 @@ def test_a_bench_that_drops_sessions_fails_the_checks(sim_server, monkeypatch):
     with pytest.raises(AssertionError, match="total_input_tokens"):
         same_counts(compute_metrics(ran), compute_metrics(benched))
     assert per_client(wl, benched) != per_client(wl, ran)
+
+
+# ---- a loop that cannot progress stops ------------------------------------------------------
+def test_a_queue_that_loses_requests_stops_the_loop_with_a_sentence():
+    eng = Engine(sim())
+    eng.scheduler.waiting.add = lambda request: None  # the queue forgets what it is given
+    with pytest.raises(RuntimeError, match=r"no instance has work left while 16 requests are "
+                                           r"outstanding \(scheduler 'continuous', queue 'fcfs'\)"):
+        run_workload(eng, workload("synthetic"))
+
+
+def test_an_engine_that_never_progresses_stops_within_the_step_limit(monkeypatch):
+    from schedlab.cluster import loop
+
+    monkeypatch.setattr(loop, "MAX_STALLED_STEPS", 50)
+    eng = Engine(sim())
+    calls = []
+    eng.has_unfinished = lambda: True  # work it never does
+    eng.step = lambda: calls.append(1) or []
+    with pytest.raises(RuntimeError, match="instance 0 made no progress in 51 steps"):
+        run_workload(eng, workload("synthetic"))
+    assert len(calls) == 51

@@ -219,11 +219,11 @@ class Cluster:
 
     def step(self, inst: Instance, check: bool = False) -> bool:
         """Step one instance. Returns whether it ran a step. Changes state."""
-        steps = inst.engine.counters().num_steps
         inst.step()
         if check:
             self.check_integrity()
-        return inst.engine.counters().num_steps > steps
+        plan = inst.engine.last_plan
+        return plan is not None and not plan.is_empty
 
     def deliver_next(self) -> Instance:
         """The earliest KV transfer has arrived: queue it on its decode instance. Returns that
