@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
 from typing import Any
 
 from schedlab import registry
 from schedlab.clock import InstanceClock, VirtualClock
 from schedlab.cluster.config import ClusterConfig
-from schedlab.cluster.instance import Instance, InstanceSummary, Role
+from schedlab.cluster.instance import Instance, Role
+from schedlab.cluster.record import ClusterRunResult, RunRecord
 from schedlab.cluster.router import Router
 from schedlab.cluster.transfer import KVTransfer
 from schedlab.config import ConfigError, EngineConfig
@@ -20,27 +20,6 @@ from schedlab.engine import Engine
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.run_result import RunResult
-from schedlab.stats import EngineCounters
-
-
-@dataclass(slots=True)
-class ClusterRunResult:
-    """A cluster run: the whole cluster as one `RunResult` (every request, every instance's
-    steps) plus each instance's share."""
-
-    run: RunResult
-    instances: list[InstanceSummary]
-    router: str
-    disaggregated: bool
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def summary(self) -> dict[str, Any]:
-        """results.json's `cluster` entry."""
-        from dataclasses import asdict
-
-        return {"router": self.router, "num_instances": len(self.instances),
-                "disaggregated": self.disaggregated,
-                "instances": [asdict(s) for s in self.instances], **self.extra}
 
 
 def build_router(config: ClusterConfig) -> Router:
@@ -113,11 +92,8 @@ class Cluster:
         self._transfers: list[tuple[float, int, KVTransfer]] = []
         self._seq = itertools.count()
         self._ids = itertools.count()
-        #: the current run's routed requests by workload index (`begin_run` resets it)
-        self._routed: dict[int, Request] = {}
-        self._start = 0.0
-        self._c0: list[EngineCounters] = []
-        self._first_step: list[int] = []
+        #: the current run: its start and the requests routed (`begin_run` starts one)
+        self._record = RunRecord()
 
     @staticmethod
     def _build_instances(config: ClusterConfig, engine_config: EngineConfig,
@@ -160,13 +136,8 @@ class Cluster:
     def begin_run(self) -> float:
         """Start a run: forget the last run's requests, note each engine's counters. Returns
         the run's start time (the latest instance clock). Changes state."""
-        self._routed = {}
-        self._c0 = [i.engine.counters() for i in self.instances]
-        # NOTE: the records still held, not `num_steps`: `Engine.drain_step_stats` empties
-        # the list while the step count goes on
-        self._first_step = [len(i.engine.step_stats) for i in self.instances]
-        self._start = max(i.now() for i in self.instances)
-        return self._start
+        self._record = RunRecord.begin(self.instances)
+        return self._record.start
 
     def is_busy(self) -> list[Instance]:
         """The instances with a request to step. No state change."""
@@ -214,7 +185,7 @@ class Cluster:
                        client_id=w.client_id, deadline_ms=w.deadline_ms,
                        slo_class=w.slo_class)
         self.router.on_routed(req, j)
-        self._routed[k] = req
+        self._record.routed[k] = req
         return inst, req
 
     def step(self, inst: Instance, check: bool = False) -> bool:
@@ -295,7 +266,7 @@ class Cluster:
             inst.pending.clear()
             inst.in_flight.clear()
         now = self.now()
-        for req in self._routed.values():
+        for req in self._record.routed.values():
             if not req.is_finished:  # in transfer or waiting for a seat
                 req.end(RequestStatus.FINISHED_ABORTED, now)
         self._transfers.clear()
@@ -303,50 +274,10 @@ class Cluster:
 
     # ---- results -------------------------------------------------------------------------
     def result(self, max_concurrency: int | None = None) -> RunResult:
-        """The run since `begin_run` as one `RunResult`: every routed request in workload
-        order, every instance's steps in time order, the counters summed over instances, and
-        (several instances) the cluster's KV blocks in use and running requests after each
-        step. No state change.
-        """
-        requests = [self._routed[k] for k in sorted(self._routed)]
-        tagged = []
-        counters = []
-        for n, inst in enumerate(self.instances):
-            e = inst.engine
-            c0 = self._c0[n] if self._c0 else None
-            c1 = e.counters()
-            counters.append((c0, c1))
-            first = self._first_step[n] if self._first_step else 0
-            tagged += [(s.time, n, s) for s in e.step_stats[first:]]
-        tagged.sort(key=lambda x: x[0])  # stable: one instance's steps keep their order
-        used = [0] * len(self.instances)
-        running = [0] * len(self.instances)
-        cluster_used, cluster_running = [], []
-        for _, n, s in tagged:
-            used[n], running[n] = s.kv_used_blocks, s.num_running
-            cluster_used.append(sum(used))
-            cluster_running.append(sum(running))
-
-        def delta(name: str) -> int:
-            return sum(getattr(c1, name) - (getattr(c0, name) if c0 else 0)
-                       for c0, c1 in counters)
-
-        hits, queried = delta("num_prefix_hit_tokens"), delta("num_prefix_query_tokens")
-        return RunResult(
-            requests=requests,
-            duration_s=self.now() - self._start,
-            step_stats=[s for _, _, s in tagged],
-            num_preemptions=delta("num_preemptions"),
-            prefix_hit_rate=hits / queried if queried else 0.0,
-            start_time=self._start,
-            num_kv_blocks=sum(c1.num_kv_blocks for _, c1 in counters),
-            block_size=self.engine_config.block_size,
-            max_concurrency=max_concurrency,
-            num_prefix_hit_tokens=hits,
-            num_swaps=delta("num_swaps"),
-            kv_used_blocks=cluster_used if len(self.instances) > 1 else [],
-            num_running=cluster_running if len(self.instances) > 1 else [],
-        )
+        """The run since `begin_run` as one `RunResult` (see `RunRecord.result`). No state
+        change."""
+        return self._record.result(self.instances, self.engine_config.block_size,
+                                   max_concurrency)
 
     def result_with_summary(self, run: RunResult) -> ClusterRunResult:
         """`run` with each instance's share (results.json's `cluster` entry)."""
