@@ -270,3 +270,17 @@ def test_an_engine_that_never_progresses_stops_within_the_step_limit(monkeypatch
     with pytest.raises(RuntimeError, match="instance 0 made no progress in 51 steps"):
         run_workload(eng, workload("synthetic"))
     assert len(calls) == 51
+
+
+def test_bench_sends_the_request_metadata_as_the_server_reads_it():
+    from schedlab.runs.workload import WorkloadRequest
+    from schedlab.serve.bench import BenchOptions, request_body
+
+    o = BenchOptions(base_url="http://x")
+    w = WorkloadRequest([5, 6], 4, client_id="light", priority=2, deadline_ms=250,
+                        slo_class="chat")
+    body = request_body("m", [5, 6], w, o)
+    assert (body["user"], body["priority"], body["deadline_ms"], body["slo_class"]) == (
+        "light", 2, 250.0, "chat")
+    plain = request_body("m", [5, 6], WorkloadRequest([5, 6], 4), o)
+    assert not {"user", "priority", "deadline_ms", "slo_class"} & set(plain)  # vLLM-safe
