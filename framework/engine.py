@@ -12,6 +12,7 @@ import time
 from typing import NoReturn
 
 from schedlab import registry
+from schedlab.clock import Clock
 from schedlab.config import ConfigError as ConfigError
 from schedlab.config import EngineConfig
 from schedlab.config import parse_bytes as parse_bytes
@@ -25,7 +26,7 @@ from schedlab.engine_setup import (
     scheduler_limits,
 )
 from schedlab.engine_stats import engine_counters, step_stats
-from schedlab.executor import Clock, Executor, ExecutorOutput
+from schedlab.executor import Executor, ExecutorOutput
 from schedlab.faults import PluginSlot, blame, check_accounted
 from schedlab.intake import prompt_ids, why_invalid
 from schedlab.kv_manager import KVCacheManager

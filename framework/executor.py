@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from schedlab.attention import KVCacheSpec
+from schedlab.clock import Clock
 from schedlab.model import ModelSpec
 from schedlab.plan import SchedulerOutput
 
@@ -39,50 +38,6 @@ class ExecutorOutput:
     sampled_token_ids: list[int | None]
     step_time: float
     timings: ExecutorTimings | None = None
-
-
-#: how a measurement reads time: "wall" (what a user sees) or "cpu" (this thread's CPU time)
-TIMERS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
-
-
-class Clock(ABC):
-    """Engine time in seconds since the engine started."""
-
-    @abstractmethod
-    def now(self) -> float: ...
-
-    @abstractmethod
-    def sleep_until(self, t: float) -> None:
-        """Wait until `t` (online driving: nothing to run before the next arrival)."""
-
-
-class WallClock(Clock):
-    def __init__(self) -> None:
-        self._t0 = time.perf_counter()
-
-    def now(self) -> float:
-        return time.perf_counter() - self._t0
-
-    def sleep_until(self, t: float) -> None:
-        dt = t - self.now()
-        if dt > 0:
-            time.sleep(dt)
-
-
-class VirtualClock(Clock):
-    """Simulated time: advances only when told to."""
-
-    def __init__(self) -> None:
-        self._t = 0.0
-
-    def now(self) -> float:
-        return self._t
-
-    def advance(self, dt: float) -> None:
-        self._t += dt
-
-    def sleep_until(self, t: float) -> None:
-        self._t = max(self._t, t)
 
 
 class Executor(ABC):

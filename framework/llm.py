@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import CompletionOutput, Request, RequestOutput, SamplingParams
+from schedlab.runs.distributions import WorkloadRequest
 
 Prompt = str | Sequence[int]
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One call's prompts, aligned: the requests, prompt texts, sampling params and ids."""
+
+    workload: list[WorkloadRequest]
+    texts: list[str | None]
+    params: list[SamplingParams]
+    request_ids: list[str]
 
 
 class LLM:
@@ -25,9 +38,13 @@ class LLM:
         self.engine = Engine(self.config)
         self.tokenizer = _load_tokenizer(self.config.model)
         self._prompts: dict[str, str | None] = {}
+        self._ids = itertools.count()
 
-    def _submit(self, prompts: Prompt | Sequence[Prompt],
-                sampling_params: SamplingParams | Sequence[SamplingParams] | None) -> list[Request]:
+    def _prepare(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+                 metadata: dict[str, Sequence[Any] | None]) -> _Batch:
+        """Token ids, sampling parameters, ids and metadata per prompt (no state change but
+        the id counter)."""
         if hasattr(prompts, "tolist"):  # a numpy array or tensor of token ids
             prompts = prompts.tolist()
         if isinstance(prompts, str) or (
@@ -46,8 +63,14 @@ class LLM:
         else:
             raise TypeError("sampling_params must be a SamplingParams or a list of them, got "
                             f"{type(sampling_params).__name__}")
-        reqs = []
-        for prompt, sp in zip(prompts, params, strict=True):
+        for key, values in metadata.items():
+            if values is not None and (isinstance(values, str | bytes) or
+                                       not isinstance(values, Sequence)
+                                       or len(values) != len(prompts)):
+                raise ValueError(f"{key} must be a list with one value per prompt "
+                                 f"({len(prompts)}), got {values!r}")
+        batch = _Batch([], [], params, [])
+        for k, (prompt, sp) in enumerate(zip(prompts, params, strict=True)):
             if isinstance(prompt, str):
                 if self.tokenizer is None:
                     raise ValueError("string prompts need a tokenizer; this model has none: "
@@ -58,36 +81,66 @@ class LLM:
                 if hasattr(prompt, "tolist"):
                     prompt = prompt.tolist()
                 ids, text = list(prompt), None
-            req = self.engine.add_request(ids, sp)
-            self._prompts[req.request_id] = text
-            reqs.append(req)
-        return reqs
+            meta = {key: values[k] for key, values in metadata.items() if values is not None}
+            if meta.get("priority") is None:
+                meta.pop("priority", None)
+            batch.workload.append(WorkloadRequest(ids, sp.max_tokens, **meta))
+            batch.texts.append(text)
+            batch.request_ids.append(str(next(self._ids)))
+        return batch
 
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        priority: Sequence[int] | None = None,
+        client_id: Sequence[str | None] | None = None,
+        deadline_ms: Sequence[float | None] | None = None,
+        slo_class: Sequence[str | None] | None = None,
+        expected_output_len: Sequence[int | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; one `RequestOutput` per prompt, in order.
+        """Run every prompt to completion, through the run loop `schedlab run` uses; one
+        `RequestOutput` per prompt, in order.
 
         Prompts are strings (tokenized with the checkpoint's tokenizer) or lists of token ids.
         A prompt that can never run comes back with `finish_reason == "rejected"` and a
         `reject_reason`; the others still complete.
-        """
-        reqs = self._submit(prompts, sampling_params)
-        try:
-            self.engine.run_until_done()
-        except BaseException:
-            self._abort_unfinished(reqs)
-            raise
-        return [self._output(r) for r in reqs]
 
-    def _abort_unfinished(self, reqs: list[Request]) -> None:
+        Args:
+            prompts: the prompts.
+            sampling_params: one for all, or one per prompt.
+            priority: per prompt, lower runs first under a priority-aware queue (vLLM's).
+            client_id: per prompt, the tenant (fairness queues, per-client metrics).
+            deadline_ms: per prompt, a TTFT objective for deadline-aware queues.
+            slo_class: per prompt, a named SLO tier.
+            expected_output_len: per prompt, an output-length hint for length-aware queues.
+
+        Raises:
+            ValueError: a metadata list whose length is not the number of prompts.
+        """
+        from schedlab.runs.driver import run_workload
+
+        batch = self._prepare(prompts, sampling_params, {
+            "priority": priority, "client_id": client_id, "deadline_ms": deadline_ms,
+            "slo_class": slo_class, "expected_output_len": expected_output_len})
+        for rid, text in zip(batch.request_ids, batch.texts, strict=True):
+            self._prompts[rid] = text
+        try:
+            run = run_workload(self.engine, batch.workload, params=batch.params,
+                               request_ids=batch.request_ids)
+        except BaseException:
+            self._abort_unfinished(batch.request_ids)
+            raise
+        return [self._output(r) for r in run.requests]
+
+    def _abort_unfinished(self, request_ids: Sequence[str]) -> None:
         """After an error (or an interrupt) mid-run, end this call's requests so the next
         call does not inherit them."""
-        for r in reqs:
-            if not r.is_finished:
-                self.engine.abort(r.request_id)
+        for rid in request_ids:
+            r = self.engine.requests.get(rid)
+            if r is not None and not r.is_finished:
+                self.engine.abort(rid)
 
     def stream(
         self,
@@ -96,7 +149,12 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Like `generate`, but yields a cumulative `RequestOutput` each time a request gets
         a token (and once for each rejected request), as the tokens are produced."""
-        reqs = self._submit(prompts, sampling_params)
+        batch = self._prepare(prompts, sampling_params, {})
+        reqs = []
+        for w, sp, rid, text in zip(batch.workload, batch.params, batch.request_ids,
+                                    batch.texts, strict=True):
+            reqs.append(self.engine.add_request(w.prompt_token_ids, sp, request_id=rid))
+            self._prompts[rid] = text
         try:
             for r in reqs:
                 if r.reject_reason is not None:
@@ -105,7 +163,7 @@ class LLM:
                 for r in self.engine.step():
                     yield self._output(r)
         finally:  # an error, or the caller stopped iterating early
-            self._abort_unfinished(reqs)
+            self._abort_unfinished(batch.request_ids)
 
     def _output(self, r: Request) -> RequestOutput:
         text = None

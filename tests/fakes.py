@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from schedlab.attention import KVCacheSpec
+from schedlab.clock import VirtualClock
 from schedlab.config import EngineConfig
-from schedlab.executor import Executor, ExecutorOutput, VirtualClock
+from schedlab.executor import Executor, ExecutorOutput
 from schedlab.model import ModelSpec
 from schedlab.scheduler import SchedulerOutput
 

@@ -219,7 +219,7 @@ def test_bad_cluster_options_fail_before_any_work(tmp_path, override, msg):
 
 @pytest.mark.parametrize("timer", ["wall", "cpu"])
 def test_instance_clock_counts_only_its_own_steps(timer):
-    from schedlab.cluster.clock import InstanceClock
+    from schedlab.clock import InstanceClock
 
     c = InstanceClock(timer)
     c.resume()

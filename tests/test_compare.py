@@ -219,7 +219,7 @@ def test_experiment_tables_publish_a_bootstrap_interval_of_the_median(tmp_path):
         thr = (200.0 if kv == "paged" else 100.0) + 10.0 * ((seed * 7) % 8)  # spread 0..70
         metrics = {"output_throughput": thr, "num_kv_blocks": 64, "mean_kv_used_tokens": 200.0,
                    "mean_kv_reserved_tokens": 900.0, "kv_waste_pct": 50.0,
-                   "max_concurrent_requests": 4, "mean_num_running": 2.0}
+                   "max_num_running": 4, "mean_num_running": 2.0}
         write_results(tmp_path / "sweep" / str(i), metrics,
                       {"seed": seed, "exp": {"name": "paged_vs_contiguous", "mode": "sim",
                                              "kv": kv}, "engine": {"block_size": 16}})

@@ -39,7 +39,7 @@ def test_drained_step_stats_keep_their_numbering():
 
 
 def test_set_clock_before_requests_runs_the_engine_on_it():
-    from schedlab.executor import VirtualClock
+    from schedlab.clock import VirtualClock
 
     e = _sim()
     clock = VirtualClock()

@@ -146,9 +146,9 @@ def _fake_runs(root: Path, name: str) -> int:
             rate = point.get("workload", {}).get("arrival", {}).get("rate", 1)
             lat = 10.0 * (1 + (rate / 8) ** 3) + seed
             metrics = {k: 1.0 + i + seed for k in (
-                "request_throughput", "max_concurrent_requests", "mean_num_running",
-                "num_preemptions", "prefix_cache_hit_rate", "mean_batch_size", "mean_e2el_ms",
-                "mean_framework_time_ms")}
+                "request_throughput", "max_concurrent_requests", "max_num_running",
+                "mean_num_running", "num_preemptions", "prefix_cache_hit_rate",
+                "mean_batch_size", "mean_e2el_ms", "mean_framework_time_ms")}
             metrics.update(
                 output_throughput=100.0 * min(rate, 8) + seed, median_ttft_ms=lat,
                 p99_ttft_ms=3 * lat, mean_ttft_ms=2 * lat, median_tpot_ms=5.0 + seed,

@@ -95,9 +95,10 @@ def test_vtc_improves_jain_index_in_results():
         return jain_index(sum(v[:half]) for v in tl["clients"].values())
 
     fcfs, vtc = metrics("fcfs"), metrics("vtc")
-    # both serve everything in the end (same index over the whole run); over the first half
-    # VTC shares the service, FCFS serves the heavy client only
-    assert fcfs["jain_fairness_index"] == pytest.approx(vtc["jain_fairness_index"])
+    # both serve everything in the end; while both clients wait, VTC serves them at about the
+    # same rate and FCFS serves the heavy client first
+    assert vtc["jain_fairness_index"] > 0.95 > 0.8 > fcfs["jain_fairness_index"]
+    assert vtc["max_service_difference"] < fcfs["max_service_difference"]
     assert first_half_jain(vtc) > 0.95 and first_half_jain(fcfs) < 0.6
 
 

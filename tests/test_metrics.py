@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from schedlab.request import Request, RequestStatus, SamplingParams
-from schedlab.runs.driver import RunResult
 from schedlab.runs.metrics import compute_metrics, parse_slo
+from schedlab.runs.run_result import RunResult
 from schedlab.stats import StepStats
 
 
@@ -115,7 +115,17 @@ def test_engine_metrics(run):
     assert m["kv_waste_pct"] == pytest.approx(100 * (1 - 20 / 24))
     assert m["mean_batch_size"] == pytest.approx(2.0)
     assert m["mean_tokens_per_step"] == pytest.approx(4.0)
-    assert m["max_concurrent_requests"] == 3
+    # requests in flight, arrival to end: a and c overlap, b arrives as a ends
+    assert m["max_concurrent_requests"] == 2
+    assert m["max_num_running"] == 3  # the running seats of the busiest step
+
+
+def test_completed_rejected_and_failed_are_disjoint(run):
+    aborted = _request("e", 3, 0.1, 0.2, [0.4], RequestStatus.FINISHED_ABORTED)
+    run.requests.append(aborted)
+    m = compute_metrics(run)
+    assert (m["completed"], m["num_rejected"], m["num_failed"]) == (3, 1, 1)
+    assert m["completed"] + m["num_rejected"] + m["num_failed"] == len(run.requests)
 
 
 def test_all_rejected_reports_zeros():

@@ -9,9 +9,9 @@ from fakes import FakeExecutor
 from schedlab import LLM, SamplingParams
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
-from schedlab.runs.driver import RunResult
 from schedlab.runs.metrics import engine_metrics
 from schedlab.runs.results import format_table
+from schedlab.runs.run_result import RunResult
 from schedlab.stats import STEP_PHASES
 
 

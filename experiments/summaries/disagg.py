@@ -32,7 +32,7 @@ def attainment(k: int):
             return None
         ttft_ms, tpot_ms = slos[k]
         ttfts, tpots = run.metrics.get("ttfts") or [], run.metrics.get("tpots") or []
-        n = run.metrics.get("completed", 0) + run.metrics.get("num_failed", 0)
+        n = sum(run.metrics.get(k, 0) for k in ("completed", "num_rejected", "num_failed"))
         if not n:
             return None
         ok = sum(1 for t, p in zip(ttfts, tpots, strict=True)

@@ -29,7 +29,7 @@ def paged_notes(rows: list, runs: Sequence) -> list[str]:
         tok, res = r.get("kv_token_pct"), r.get("kv_reserved_pct")
         line = (f"{r.params[KV]}: token state fills {tok:.1f}% of the KV pool "
                 f"({r.get('kv_used_of_reserved'):.1f}% of what is reserved, {res:.1f}% of the "
-                f"pool reserved), peak {r.get('max_concurrent_requests'):.0f} / mean "
+                f"pool reserved), peak {r.get('max_num_running'):.0f} / mean "
                 f"{r.get('mean_num_running'):.1f} running requests")
         if paged is not None and r is not paged:
             line += (f"; paged / {r.params[KV]} output throughput "
@@ -49,7 +49,7 @@ def paged_figure(rows: list, path: Path, title: str) -> None:
                [(r.stats[key].hi or 0.0) - m for m, r in zip(med, rows, strict=True)]]
         ax.bar([x + offset for x in xs], med, width, yerr=err, capsize=3, label=label)
 
-    bars(axes[0], "max_concurrent_requests", -0.2, 0.4, "peak")
+    bars(axes[0], "max_num_running", -0.2, 0.4, "peak")
     bars(axes[0], "mean_num_running", 0.2, 0.4, "mean")
     axes[0].set(ylabel="running requests")
     tok = [r.get("kv_token_pct") or 0.0 for r in rows]
@@ -72,7 +72,7 @@ PAGED = Spec(
            "request keep token state in only 20.4-38.2% of their KV memory; paging raises the "
            "batch size and gives 2-4x the throughput at the same latency."),
     params=((KV, "KV allocator"),),
-    metrics=(Metric("max_concurrent_requests", "peak running", ".0f"),
+    metrics=(Metric("max_num_running", "peak running", ".0f"),
              Metric("mean_num_running", "mean running", ".1f"),
              Metric("kv_token_pct", "token state / pool (%)", ".1f", kv_token_pct),
              Metric("kv_reserved_pct", "reserved / pool (%)", ".1f", kv_reserved_pct),

@@ -52,8 +52,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 def execute(s: RunSettings) -> dict[str, Any]:
-    """Run validated settings (see `run`)."""
-    from schedlab.engine import Engine
+    """Run validated settings (see `run`): one engine, N instances or prefill/decode
+    disaggregation, through the one run loop. A cluster's results.json carries each
+    instance's counters under `cluster`; steps.csv and W&B get every instance's steps in time
+    order."""
+    from schedlab.cluster import Cluster, ClusterConfig
     from schedlab.runs.driver import run_workload
     from schedlab.runs.metrics import compute_metrics
     from schedlab.runs.results import collect_environment, write_results
@@ -61,75 +64,49 @@ def execute(s: RunSettings) -> dict[str, Any]:
 
     seed_everything(s.seed)
     s.model.prepare()
-    if s.cluster is not None:
-        return _execute_cluster(s)
     try:
-        engine = Engine(s.engine)
+        cluster = Cluster(s.cluster or ClusterConfig(), s.engine)
     except (ValueError, OSError, RuntimeError) as e:
         # e.g. an executor rejecting its options, attention=triton on a CPU without the
         # interpreter, engine.device=cuda without a GPU: one sentence, no traceback
         if isinstance(e, user_errors()):
             raise
-        raise ConfigError(f"the engine could not be built from this config: {e}") from None
-    workload = build_workload(s.workload, engine.model_spec.vocab_size, seed=s.seed)
+        what = "engine" if s.cluster is None else "cluster"
+        raise ConfigError(f"the {what} could not be built from this config: {e}") from None
+    vocab = cluster.instances[0].engine.model_spec.vocab_size
+    workload = build_workload(s.workload, vocab, seed=s.seed)
 
     s.output_dir.mkdir(parents=True, exist_ok=True)
     metrics: dict[str, Any] = {}
     summary: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    run = None
     try:
         try:
-            result = run_workload(engine, workload, temperature=s.temperature,
-                                  ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
-                                  progress=s.progress)
-        except KeyboardInterrupt:
-            metrics = _save_interrupted(s, engine)
+            run = run_workload(cluster, workload, temperature=s.temperature,
+                               ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
+                               progress=s.progress)
+        except KeyboardInterrupt:  # partial results, then the one line
+            res = cluster.interrupt()
+            run = res.run
+            run.max_concurrency = s.max_concurrency
+            if s.cluster is not None:
+                extra["cluster"] = res.summary()
+            metrics = _write_interrupted(s, run, **extra)
             raise
-        metrics = compute_metrics(result, percentiles=s.percentiles, slo=s.slo)
+        metrics = compute_metrics(run, percentiles=s.percentiles, slo=s.slo)
+        if s.cluster is not None:
+            metrics["cluster"] = cluster.result_with_summary(run).summary()
         path = write_results(s.output_dir, metrics, s.config, collect_environment())
         summary = json.loads(path.read_text())  # W&B's summary = results.json's scalars
         if s.plots:
             from schedlab.runs.plots import write_plots
 
-            write_plots(s.output_dir, result, metrics)
+            write_plots(s.output_dir, run, metrics)
     except BaseException:
-        _track(s, engine, summary or metrics, failed=True)
+        _track(s, run, summary or metrics, failed=True)
         raise
-    _announce(s, metrics, path, _track(s, engine, summary))
-    return metrics
-
-
-def _execute_cluster(s: RunSettings) -> dict[str, Any]:
-    """`execute` for N instances or prefill/decode disaggregation: one results.json for the
-    whole cluster (vLLM's keys over every request) with each instance's counters under
-    `cluster`; steps.csv and W&B get every instance's steps in time order."""
-    from schedlab.cluster import Cluster
-    from schedlab.runs.metrics import compute_metrics
-    from schedlab.runs.results import collect_environment, write_results
-    from schedlab.runs.workload import build_workload
-
-    try:
-        cluster = Cluster(s.cluster, s.engine)
-    except (ValueError, OSError, RuntimeError) as e:
-        if isinstance(e, user_errors()):
-            raise
-        raise ConfigError(f"the cluster could not be built from this config: {e}") from None
-    vocab = cluster.instances[0].engine.model_spec.vocab_size
-    workload = build_workload(s.workload, vocab, seed=s.seed)
-    s.output_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        result = cluster.run(workload, temperature=s.temperature, ignore_eos=s.ignore_eos)
-    except KeyboardInterrupt:  # as `_save_interrupted`: partial results, then the one line
-        result = cluster.interrupt()
-        _write_interrupted(s, result.run, cluster=result.summary())
-        raise
-    metrics = compute_metrics(result.run, percentiles=s.percentiles, slo=s.slo)
-    metrics["cluster"] = result.summary()
-    path = write_results(s.output_dir, metrics, s.config, collect_environment())
-    if s.plots:
-        from schedlab.runs.plots import write_plots
-
-        write_plots(s.output_dir, result.run, metrics)
-    _announce(s, metrics, path, _track(s, result.run, json.loads(path.read_text())))
+    _announce(s, metrics, path, _track(s, run, summary))
     return metrics
 
 
@@ -142,28 +119,6 @@ def _announce(s: RunSettings, metrics: dict[str, Any], path: Path, tracker) -> N
     print(f"results: {path}")
     if tracker.location:
         print(f"W&B run: {tracker.location}")
-
-
-def _save_interrupted(s: RunSettings, engine) -> dict[str, Any]:
-    """Ctrl-C mid-run: abort what is still in flight and write results.json over the requests
-    submitted so far (`interrupted: true`); W&B gets the same, marked failed, in `execute`."""
-    from schedlab.runs.driver import RunResult
-
-    for rid, req in list(engine.requests.items()):
-        if not req.is_finished:
-            engine.abort(rid)
-    c = engine.counters()
-    reqs = list(engine.requests.values())
-    start = min((r.arrival_time for r in reqs), default=0.0)
-    queried = c.num_prefix_query_tokens
-    result = RunResult(
-        requests=reqs, duration_s=max(engine.clock.now() - start, 0.0),
-        step_stats=list(engine.step_stats), num_preemptions=c.num_preemptions,
-        prefix_hit_rate=c.num_prefix_hit_tokens / queried if queried else 0.0,
-        start_time=start, num_kv_blocks=c.num_kv_blocks, block_size=engine.config.block_size,
-        max_concurrency=s.max_concurrency, num_prefix_hit_tokens=c.num_prefix_hit_tokens,
-        num_swaps=c.num_swaps)
-    return _write_interrupted(s, result)
 
 
 def _write_interrupted(s: RunSettings, run, **extra: Any) -> dict[str, Any]:
@@ -180,7 +135,7 @@ def _write_interrupted(s: RunSettings, run, **extra: Any) -> dict[str, Any]:
     return metrics
 
 
-def _track(s: RunSettings, engine, summary: dict[str, Any], failed: bool = False):
+def _track(s: RunSettings, run, summary: dict[str, Any], failed: bool = False):
     """Open the tracker, replay the per-step series and close it, after the run.
 
     NOTE: W&B is opened only once the workload is done: its background service and a call
@@ -188,9 +143,10 @@ def _track(s: RunSettings, engine, summary: dict[str, Any], failed: bool = False
     """
     from schedlab.runs.tracking import open_tracker
 
-    write_steps_csv(s.output_dir / STEPS_FILE, engine.step_stats)
+    steps = run.step_stats if run is not None else []
+    write_steps_csv(s.output_dir / STEPS_FILE, steps)
     tracker = open_tracker(s.tracking, s.output_dir, s.config)
-    for stats in engine.step_stats:
+    for stats in steps:
         tracker.log_step(stats)
     tracker.finish(summary, failed=failed)
     return tracker

@@ -168,9 +168,6 @@ def build_settings(cfg: DictConfig, group: str | None = None,
     if max_conc is not None and (not _is_int(max_conc) or max_conc < 1):
         raise ConfigError(f"driver.max_concurrency={max_conc!r} must be an integer >= 1 or null")
     cluster = cluster_from_config(c.get("cluster"), c.get("router"))
-    if cluster is not None and max_conc is not None:
-        raise ConfigError("driver.max_concurrency is not supported with a cluster (set it to "
-                          "null, or run one instance)")
     temperature = sampling.get("temperature", 0.0)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
         raise ConfigError(f"sampling.temperature={temperature!r} must be a number >= 0")

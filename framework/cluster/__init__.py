@@ -12,7 +12,7 @@ from schedlab._lazy import lazy_exports
 #: public name -> the module that defines it
 _EXPORTS = {
     "Cluster": "schedlab.cluster.cluster",
-    "ClusterRunResult": "schedlab.cluster.cluster",
+    "ClusterRunResult": "schedlab.cluster.record",
     "build_router": "schedlab.cluster.cluster",
     "ClusterConfig": "schedlab.cluster.config",
     "Instance": "schedlab.cluster.instance",

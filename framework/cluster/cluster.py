@@ -1,48 +1,25 @@
-"""N engine instances on one virtual clock behind a router, optionally split into prefill and
-decode pools with KV transfer between them (DistServe / Splitwise)."""
+"""1..N engine instances on one timeline behind a router, optionally split into prefill and
+decode pools with KV transfer between them (DistServe / Splitwise). The run loop that drives
+them is `schedlab.runs.driver.run_workload`."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
 from typing import Any
 
 from schedlab import registry
-from schedlab.cluster.clock import InstanceClock
+from schedlab.clock import InstanceClock, VirtualClock
 from schedlab.cluster.config import ClusterConfig
-from schedlab.cluster.instance import Instance, InstanceSummary, Role
+from schedlab.cluster.instance import Instance, Role
+from schedlab.cluster.record import ClusterRunResult, RunRecord
 from schedlab.cluster.router import Router
 from schedlab.cluster.transfer import KVTransfer
 from schedlab.config import ConfigError, EngineConfig
 from schedlab.engine import Engine
-from schedlab.executor import VirtualClock
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
-from schedlab.runs.driver import RunResult
-
-#: consecutive steps without progress before the cluster gives up
-_MAX_STALLED_STEPS = 1000
-
-
-@dataclass(slots=True)
-class ClusterRunResult:
-    """A cluster run: the whole cluster as one `RunResult` (every request, every instance's
-    steps) plus each instance's share."""
-
-    run: RunResult
-    instances: list[InstanceSummary]
-    router: str
-    disaggregated: bool
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def summary(self) -> dict[str, Any]:
-        """results.json's `cluster` entry."""
-        from dataclasses import asdict
-
-        return {"router": self.router, "num_instances": len(self.instances),
-                "disaggregated": self.disaggregated,
-                "instances": [asdict(s) for s in self.instances], **self.extra}
+from schedlab.runs.run_result import RunResult
 
 
 def build_router(config: ClusterConfig) -> Router:
@@ -62,14 +39,15 @@ def build_router(config: ClusterConfig) -> Router:
 
 
 class Cluster:
-    """Instances that run in parallel, simulated one step at a time on one timeline.
+    """Instances that run in parallel on one timeline, behind a router: the topology the run
+    loop (`schedlab.cluster.loop`) drives, one instance or many.
 
-    NOTE: a discrete-event loop. Each instance has its own clock; the cluster always steps
-    the busy instance whose clock is furthest behind, routes an arrival (or delivers a KV
-    transfer) once every busy instance has reached its time, and jumps an idle instance's
-    clock forward when work reaches it. Real executors get an `InstanceClock` each, which
-    counts only that instance's own steps, so instances stepped one after another in one
-    process behave as if they ran side by side.
+    NOTE: each instance has its own clock; the run loop always steps the busy instance whose
+    clock is furthest behind, routes a release (or delivers a KV transfer) once every busy
+    instance has reached its time, and an idle instance's clock jumps forward when work
+    reaches it. Real executors in a cluster of more than one get an `InstanceClock` each,
+    which counts only that instance's own steps, so instances stepped one after another in one
+    process behave as if they ran side by side; a single instance keeps its engine's clock.
 
     Args:
         config: instance counts, router, KV link.
@@ -82,9 +60,22 @@ class Cluster:
 
     def __init__(self, config: ClusterConfig, engine_config: EngineConfig,
                  executor_cls: type | None = None) -> None:
+        self._setup(config, engine_config, self._build_instances(config, engine_config,
+                                                                 executor_cls))
+
+    @classmethod
+    def around(cls, engine: Engine) -> Cluster:
+        """A cluster of one instance over an engine already built (`schedlab run`'s engine,
+        `LLM.generate`'s): the same run loop as any cluster, on the engine's own clock."""
+        self = cls.__new__(cls)
+        self._setup(ClusterConfig(), engine.config, [Instance(0, engine, Role.MIXED)])
+        return self
+
+    def _setup(self, config: ClusterConfig, engine_config: EngineConfig,
+               instances: list[Instance]) -> None:
         self.config = config
         self.engine_config = engine_config
-        self.instances = self._build_instances(executor_cls)
+        self.instances = instances
         if config.disaggregated:
             p = config.prefill_instances
             self.entry = self.instances[:p]
@@ -100,103 +91,145 @@ class Cluster:
         self.router_name = registry.describe(config.router).strip("'")
         self._transfers: list[tuple[float, int, KVTransfer]] = []
         self._seq = itertools.count()
-        #: the current run's submitted requests, in workload order (None: not yet arrived)
-        self._submitted: list[Request | None] = []
+        self._ids = itertools.count()
+        #: the current run: its start and the requests routed (`begin_run` starts one)
+        self._record = RunRecord()
 
-    def _build_instances(self, executor_cls: type | None) -> list[Instance]:
-        cfg = self.config
-        roles = ([Role.PREFILL] * cfg.prefill_instances + [Role.DECODE] * cfg.decode_instances
-                 if cfg.disaggregated else [Role.MIXED] * cfg.total_instances)
-        first = Engine(self.engine_config, executor_cls)
-        # a simulating executor keeps its own virtual time; a real one gets a clock per
-        # instance that counts only that instance's steps
-        real = not isinstance(first.clock, VirtualClock)
-        if real:
-            first.set_clock(InstanceClock(self.config.clock))
+    @staticmethod
+    def _build_instances(config: ClusterConfig, engine_config: EngineConfig,
+                         executor_cls: type | None) -> list[Instance]:
+        roles = ([Role.PREFILL] * config.prefill_instances + [Role.DECODE] *
+                 config.decode_instances if config.disaggregated
+                 else [Role.MIXED] * config.total_instances)
+        first = Engine(engine_config, executor_cls)
+        # a simulating executor keeps its own virtual time; real ones get a clock per
+        # instance that counts only that instance's steps (one instance: the engine's own)
+        timed = len(roles) > 1 and not isinstance(first.clock, VirtualClock)
+        if timed:
+            first.set_clock(InstanceClock(config.clock))
         engines = [first] + [
-            Engine(self.engine_config, executor_cls,
-                   clock=InstanceClock(self.config.clock) if real else None)
+            Engine(engine_config, executor_cls,
+                   clock=InstanceClock(config.clock) if timed else None)
             for _ in roles[1:]]
         return [Instance(i, e, r) for i, (e, r) in enumerate(zip(engines, roles, strict=True))]
 
-    # ---- the run -------------------------------------------------------------------------
+    # ---- what the run loop calls -------------------------------------------------------------
     def run(self, workload: list[WorkloadRequest], *, temperature: float = 0.0,
-            ignore_eos: bool = True, check: bool = False) -> ClusterRunResult:
-        """Release the workload at its arrival times (cluster time starts at 0), route each
-        request, and step the instances until every request has ended.
+            ignore_eos: bool = True, max_concurrency: int | None = None,
+            check: bool = False) -> ClusterRunResult:
+        """The run loop over this cluster (`run_workload`), with each instance's share.
 
         Args:
             workload: the requests, `arrival_s` from the start.
             temperature: every request's sampling temperature (0: greedy).
             ignore_eos: generate exactly `max_tokens` per request.
+            max_concurrency: at most this many requests in flight in the whole cluster.
             check: run `check_integrity()` after every step (tests).
-
-        Returns:
-            The run, every request finished or rejected, with per-instance summaries.
         """
-        order = sorted(range(len(workload)), key=lambda i: (workload[i].arrival_s, i))
-        submitted: list[Request | None] = [None] * len(workload)
-        self._submitted = submitted
-        pos = 0
-        stalled = 0
-        while pos < len(order) or self._transfers or any(i.has_work() for i in self.instances):
-            busy = [i for i in self.instances if i.is_busy()]
-            t_busy = min((i.now() for i in busy), default=float("inf"))
-            t_arrival = workload[order[pos]].arrival_s if pos < len(order) else float("inf")
-            t_transfer = self._transfers[0][0] if self._transfers else float("inf")
-            if t_arrival <= t_busy and t_arrival <= t_transfer and pos < len(order):
-                k = order[pos]
-                inst, submitted[k] = self._route(k, workload[k], temperature, ignore_eos)
-                pos += 1
-                self._collect(inst)
-                continue
-            if self._transfers and t_transfer <= t_busy:
-                _, _, t = heapq.heappop(self._transfers)
-                dst = self.instances[t.dst]
-                dst.receive(t)
-                self._collect(dst)
-                continue
-            if not busy:  # only pending transfers that wait for nothing: admit or reject
-                for inst in self.instances:
-                    inst.admit_pending()
-                    self._collect(inst)
-                continue
-            inst = min(busy, key=lambda i: (i.now(), i.index))
-            steps = inst.engine.counters().num_steps
-            inst.step()
-            progressed = self._collect(inst)
-            if check:
-                self.check_integrity()
-            if progressed or inst.engine.counters().num_steps > steps:
-                stalled = 0
-            else:
-                stalled += 1
-                if stalled > _MAX_STALLED_STEPS:
-                    raise RuntimeError(f"instance {inst.index} made no progress in {stalled} "
-                                       f"steps (scheduler {self.engine_config.scheduler!r})")
-        return self._result([r for r in submitted if r is not None])
+        from schedlab.cluster.loop import RunLoop
 
-    def _route(self, k: int, w: WorkloadRequest, temperature: float,
-               ignore_eos: bool) -> tuple[Instance, Request]:
-        params = SamplingParams(temperature=temperature, max_tokens=w.max_tokens,
-                                ignore_eos=ignore_eos)
-        probe = Request(request_id=str(k), prompt_token_ids=list(w.prompt_token_ids),
-                        sampling_params=params, arrival_time=w.arrival_s, priority=w.priority,
-                        client_id=w.client_id, deadline_ms=w.deadline_ms,
-                        slo_class=w.slo_class)
+        params = [SamplingParams(temperature=temperature, max_tokens=w.max_tokens,
+                                 ignore_eos=ignore_eos) for w in workload]
+        RunLoop(self, list(workload), params, None, max_concurrency, check).run()
+        return self.result_with_summary(self.result(max_concurrency))
+
+    def begin_run(self) -> float:
+        """Start a run: forget the last run's requests, note each engine's counters. Returns
+        the run's start time (the latest instance clock). Changes state."""
+        self._record = RunRecord.begin(self.instances)
+        return self._record.start
+
+    def is_busy(self) -> list[Instance]:
+        """The instances with a request to step. No state change."""
+        return [i for i in self.instances if i.is_busy()]
+
+    def has_pending(self) -> bool:
+        """Whether a transfer waits for a seat on a decode instance. No state change."""
+        return any(i.pending for i in self.instances)
+
+    def next_transfer_time(self) -> float:
+        """When the next KV transfer in flight arrives (inf: none). No state change."""
+        return self._transfers[0][0] if self._transfers else float("inf")
+
+    def now(self) -> float:
+        """The latest instance clock. No state change."""
+        return max(i.now() for i in self.instances)
+
+    def route(self, k: int, prompt: list[int], params: SamplingParams, arrival: float,
+              w: WorkloadRequest, request_id: str | None = None) -> tuple[Instance, Request]:
+        """Route workload request `k` (its prompt, and `w`'s metadata) to an entry instance and
+        submit it there; with one entry instance the router is not asked. Changes state.
+
+        Args:
+            request_id: the request's id (None: the engine's counter, or with several
+                instances the cluster's).
+        """
+        if request_id is None and len(self.instances) > 1:
+            request_id = str(next(self._ids))  # unique across instances (engines count apart)
+        probe = Request(request_id=request_id or "?", prompt_token_ids=list(prompt),
+                        sampling_params=params, arrival_time=arrival, priority=w.priority,
+                        client_id=w.client_id,
+                        deadline_ms=w.deadline_ms, slo_class=w.slo_class,
+                        expected_output_len=w.expected_output_len)
         pool = self.entry
-        use_prefix = self.router.uses_prefix
-        loads = [inst.load(inst.cached_prefix_tokens(probe) if use_prefix else 0)
-                 for inst in pool]
-        loads = [_reindex(x, j) for j, x in enumerate(loads)]
-        j = self._checked(self.router, self.router.select(probe, loads), len(pool))
+        if len(pool) == 1:
+            j = 0
+        else:
+            use_prefix = self.router.uses_prefix
+            loads = [_reindex(inst.load(inst.cached_prefix_tokens(probe) if use_prefix else 0),
+                              j) for j, inst in enumerate(pool)]
+            j = self._checked(self.router, self.router.select(probe, loads), len(pool))
         inst = pool[j]
-        req = inst.add(str(k), probe.prompt_token_ids, params, w.arrival_s,
+        req = inst.add(request_id, probe.prompt_token_ids, params, arrival,
                        priority=w.priority, expected_output_len=w.expected_output_len,
                        client_id=w.client_id, deadline_ms=w.deadline_ms,
                        slo_class=w.slo_class)
         self.router.on_routed(req, j)
+        self._record.routed[k] = req
         return inst, req
+
+    def step(self, inst: Instance, check: bool = False) -> bool:
+        """Step one instance. Returns whether it ran a step. Changes state."""
+        inst.step()
+        if check:
+            self.check_integrity()
+        plan = inst.engine.last_plan
+        return plan is not None and not plan.is_empty
+
+    def deliver_next(self) -> Instance:
+        """The earliest KV transfer has arrived: queue it on its decode instance. Returns that
+        instance. Changes state."""
+        _, _, t = heapq.heappop(self._transfers)
+        dst = self.instances[t.dst]
+        dst.receive(t)
+        return dst
+
+    def admit_pending(self) -> None:
+        """Nothing is busy: admit (or reject) the transfers waiting for a seat. Changes state."""
+        for inst in self.instances:
+            inst.admit_pending()
+
+    def collect(self, inst: Instance) -> tuple[list[Request], bool]:
+        """After an instance changed: hand prefilled requests to the decode pool and tell the
+        routers what ended. Changes state.
+
+        Returns:
+            The requests that ended for good there (finished, rejected, aborted), and whether
+            anything moved (ended or went to a decode instance).
+        """
+        moved = False
+        if inst.role is Role.PREFILL:
+            for req, num_tokens, data in inst.take_prefilled():
+                self._start_transfer(inst, req, num_tokens, data)
+                self.router.on_finished(req, self.entry.index(inst))
+                moved = True
+        done = inst.take_done()
+        for req in done:
+            if inst.role is Role.DECODE:
+                self.decode_router.on_finished(req, self.decode.index(inst))
+            else:
+                self.router.on_finished(req, self.entry.index(inst))
+        return done, moved or bool(done)
 
     def _checked(self, router: Router, j: object, n: int) -> int:
         if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < n:
@@ -204,23 +237,6 @@ class Cluster:
                 f"router {type(router).__name__}.select returned {j!r}; it must return an "
                 f"instance index in [0, {n})")
         return j
-
-    def _collect(self, inst: Instance) -> bool:
-        """After an instance changed: hand prefilled requests to the decode pool and tell the
-        routers what ended. Returns whether anything moved."""
-        moved = False
-        if inst.role is Role.PREFILL:
-            for req, num_tokens, data in inst.take_prefilled():
-                self._start_transfer(inst, req, num_tokens, data)
-                self.router.on_finished(req, self.entry.index(inst))
-                moved = True
-        for req in inst.take_done():
-            moved = True
-            if inst.role is Role.DECODE:
-                self.decode_router.on_finished(req, self.decode.index(inst))
-            else:
-                self.router.on_finished(req, self.entry.index(inst))
-        return moved
 
     def _start_transfer(self, src: Instance, req: Request, num_tokens: int,
                         data: list | None) -> None:
@@ -249,31 +265,22 @@ class Cluster:
                     inst.engine.abort(req.request_id)
             inst.pending.clear()
             inst.in_flight.clear()
-        now = max(i.now() for i in self.instances)
-        for req in (r for r in self._submitted if r is not None and not r.is_finished):
-            req.end(RequestStatus.FINISHED_ABORTED, now)  # in transfer or waiting for a seat
+        now = self.now()
+        for req in self._record.routed.values():
+            if not req.is_finished:  # in transfer or waiting for a seat
+                req.end(RequestStatus.FINISHED_ABORTED, now)
         self._transfers.clear()
-        return self._result([r for r in self._submitted if r is not None])
+        return self.result_with_summary(self.result())
 
-    def _result(self, requests: list[Request]) -> ClusterRunResult:
-        engines = [i.engine for i in self.instances]
-        counters = [e.counters() for e in engines]
-        steps = sorted((s for e in engines for s in e.step_stats), key=lambda s: s.time)
-        ends = [r.metrics.finished_time for r in requests if r.metrics.finished_time is not None]
-        hits = sum(c.num_prefix_hit_tokens for c in counters)
-        queried = sum(c.num_prefix_query_tokens for c in counters)
-        run = RunResult(
-            requests=requests,
-            duration_s=max(ends, default=0.0),
-            step_stats=steps,
-            num_preemptions=sum(c.num_preemptions for c in counters),
-            prefix_hit_rate=hits / queried if queried else 0.0,
-            start_time=0.0,
-            num_kv_blocks=sum(c.num_kv_blocks for c in counters),
-            block_size=self.engine_config.block_size,
-            num_prefix_hit_tokens=hits,
-            num_swaps=sum(c.num_swaps for c in counters),
-        )
+    # ---- results -------------------------------------------------------------------------
+    def result(self, max_concurrency: int | None = None) -> RunResult:
+        """The run since `begin_run` as one `RunResult` (see `RunRecord.result`). No state
+        change."""
+        return self._record.result(self.instances, self.engine_config.block_size,
+                                   max_concurrency)
+
+    def result_with_summary(self, run: RunResult) -> ClusterRunResult:
+        """`run` with each instance's share (results.json's `cluster` entry)."""
         extra: dict[str, Any] = {}
         if self.config.disaggregated:
             extra = {"prefill_instances": self.config.prefill_instances,

@@ -6,7 +6,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass
 
-from schedlab.cluster.clock import InstanceClock
+from schedlab.clock import InstanceClock
 from schedlab.cluster.router import InstanceLoad
 from schedlab.cluster.transfer import (
     KVTransfer,
@@ -42,6 +42,8 @@ class InstanceSummary:
     num_prefix_query_tokens: int
     num_kv_blocks: int
     peak_kv_used_blocks: int
+    #: peak_kv_used_blocks / num_kv_blocks, in percent
+    peak_kv_usage_pct: float
     num_transfers_out: int = 0
     num_transfers_in: int = 0
     transfer_bytes_out: int = 0
@@ -110,15 +112,15 @@ class Instance:
         return prompt_left + max(0, r.sampling_params.max_tokens - r.num_output_tokens)
 
     # ---- changes -------------------------------------------------------------------------
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams, arrival: float,
-            **fields) -> Request:
+    def add(self, request_id: str | None, prompt: list[int], params: SamplingParams,
+            arrival: float, **fields) -> Request:
         """Submit a routed request (jumping an idle instance's clock to its arrival).
         Changes state."""
         if not self.engine.has_unfinished():
             self.engine.clock.sleep_until(arrival)
         req = self.engine.add_request(prompt, params, request_id=request_id,
                                       arrival_time=arrival, **fields)
-        self.in_flight[request_id] = req
+        self.in_flight[req.request_id] = req
         self.num_routed += 1
         return req
 
@@ -189,7 +191,7 @@ class Instance:
 
     def summary(self) -> InstanceSummary:
         c = self.engine.counters()
-        steps = self.engine.step_stats
+        peak = max((s.kv_used_blocks for s in self.engine.step_stats), default=0)
         return InstanceSummary(
             index=self.index,
             role=self.role.value,
@@ -201,7 +203,8 @@ class Instance:
             num_prefix_hit_tokens=c.num_prefix_hit_tokens,
             num_prefix_query_tokens=c.num_prefix_query_tokens,
             num_kv_blocks=c.num_kv_blocks,
-            peak_kv_used_blocks=max((s.kv_used_blocks for s in steps), default=0),
+            peak_kv_used_blocks=peak,
+            peak_kv_usage_pct=100.0 * peak / c.num_kv_blocks if c.num_kv_blocks else 0.0,
             num_transfers_out=self.num_transfers_out,
             num_transfers_in=self.num_transfers_in,
             transfer_bytes_out=self.transfer_bytes_out,

@@ -1,10 +1,22 @@
-"""Per-client and per-SLO-class metrics, Jain's fairness index of service, and the service
-each client received over time (VTC's figures).
+"""Per-client and per-SLO-class metrics, fairness between clients, and the service each
+client received over time (VTC's figures).
 
 Service counts tokens the way the VTC paper does: `input_weight` per prompt token of a request
 that got its first token (its prompt was served), plus `output_weight` per output token,
 credited when the token was produced. A request's deadline (`Request.deadline_ms`) is an
 objective for its first token: it is met when TTFT <= deadline.
+
+Fairness is measured while clients compete. A client is *backlogged* while at least one of its
+requests is in the system (the union of its requests' [arrival, end] intervals).
+
+- `jain_fairness_index`: Jain's index (sum x)^2 / (n sum x^2) over x_c = the service client c
+  received / the time it was backlogged: 1 when every client is served at the same rate while
+  it waits, 1/n when one is served and the others starve. (Total service cannot tell policies
+  apart once every request completes: it equals the demand.)
+- `max_service_difference`: the largest |W_f(t1, t2) - W_g(t1, t2)| over every pair of clients
+  f, g and every interval [t1, t2] in which both were backlogged the whole time, W being the
+  weighted tokens served in the interval (VTC, Sheng et al. OSDI '24, bounds it by about twice
+  the largest request's cost).
 """
 
 from __future__ import annotations
@@ -23,6 +35,8 @@ NUM_TIMELINE_BINS = 40
 #: the group of requests without a client id or SLO class
 NONE = "<none>"
 
+Intervals = list[tuple[float, float]]
+
 
 def jain_index(values: Iterable[float]) -> float | None:
     """Jain's fairness index (sum x)^2 / (n * sum x^2): 1 when all equal, 1/n when one takes
@@ -30,6 +44,104 @@ def jain_index(values: Iterable[float]) -> float | None:
     x = np.asarray(list(values), dtype=float)
     sq = float((x * x).sum())
     return float(x.sum() ** 2 / (len(x) * sq)) if len(x) and sq > 0 else None
+
+
+def backlog(requests: Sequence[Request], end: float) -> Intervals:
+    """The union of the requests' [arrival, end] intervals, sorted and disjoint (`end` for a
+    request that has not ended)."""
+    spans = sorted((r.metrics.arrival_time,
+                    end if r.metrics.finished_time is None else r.metrics.finished_time)
+                   for r in requests)
+    out: Intervals = []
+    for a, b in spans:
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def service_events(requests: Sequence[Request],
+                   weights: Sequence[float] = SERVICE_WEIGHTS) -> tuple[np.ndarray, np.ndarray]:
+    """(times, weighted tokens served at each time), sorted by time."""
+    times: list[float] = []
+    amounts: list[float] = []
+    for r in requests:
+        tt = r.metrics.token_times
+        if not tt:
+            continue
+        times += tt
+        amounts += [weights[1]] * len(tt)
+        amounts[len(amounts) - len(tt)] += weights[0] * r.num_prompt_tokens
+    t = np.asarray(times, dtype=float)
+    order = np.argsort(t, kind="stable")
+    return t[order], np.asarray(amounts, dtype=float)[order]
+
+
+def service_rates(by_client: Mapping[str, Sequence[Request]], end: float,
+                  weights: Sequence[float] = SERVICE_WEIGHTS) -> dict[str, float]:
+    """Each client's weighted tokens served per second of its backlog (clients never
+    backlogged, e.g. all rejected on arrival, are left out)."""
+    out = {}
+    for c, reqs in by_client.items():
+        busy = sum(b - a for a, b in backlog(reqs, end))
+        if busy > 0:
+            out[c] = float(service_events(reqs, weights)[1].sum()) / busy
+    return out
+
+
+def max_service_difference(by_client: Mapping[str, Sequence[Request]], end: float,
+                           weights: Sequence[float] = SERVICE_WEIGHTS) -> float | None:
+    """VTC's maximum service difference between two backlogged clients (see the module
+    docstring), in weighted tokens. None with fewer than two clients."""
+    clients = sorted(by_client)
+    if len(clients) < 2:
+        return None
+    spans = {c: backlog(by_client[c], end) for c in clients}
+    events = {c: service_events(by_client[c], weights) for c in clients}
+    best = 0.0
+    for i, f in enumerate(clients):
+        for g in clients[i + 1:]:
+            for a, b in _intersect(spans[f], spans[g]):
+                best = max(best, _spread(events[f], events[g], a, b))
+    return best
+
+
+def _intersect(x: Intervals, y: Intervals) -> Intervals:
+    out, i, j = [], 0, 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if a < b:
+            out.append((a, b))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _spread(ef: tuple[np.ndarray, np.ndarray], eg: tuple[np.ndarray, np.ndarray],
+            a: float, b: float) -> float:
+    """max - min over t in [a, b] of W_f(a, t) - W_g(a, t): the largest |difference| over any
+    sub-interval."""
+    parts_t, parts_v = [], []
+    for (t, v), sign in ((ef, 1.0), (eg, -1.0)):
+        keep = (t > a) & (t <= b)
+        parts_t.append(t[keep])
+        parts_v.append(sign * v[keep])
+    t = np.concatenate(parts_t)
+    if not len(t):
+        return 0.0
+    v = np.concatenate(parts_v)
+    # NOTE: service at one instant (one step) counts at once: no spike between two clients'
+    # tokens of the same step
+    times, first = np.unique(t, return_inverse=True)
+    per_time = np.zeros(len(times))
+    np.add.at(per_time, first, v)
+    d = np.concatenate([[0.0], np.cumsum(per_time)])
+    return float(d.max() - d.min())
 
 
 def service(request: Request, weights: Sequence[float] = SERVICE_WEIGHTS) -> float:
@@ -50,8 +162,10 @@ def group_metrics(requests: Sequence[Request], duration: float, start_time: floa
         input/output tokens, `service`, `request_throughput`, `request_goodput` (completed
         requests meeting `slo` and their deadline, per s), `deadline_attainment` (share of all
         its requests that met their deadline; None without deadlines), TTFT/TPOT mean and
-        percentiles (ms)}; `jain_fairness_index` over the clients' service;
+        percentiles (ms)};
         `service_timeline` {t_s, clients: name -> service per second in each bin};
+        `jain_fairness_index` over the clients' service rates while backlogged and
+        `max_service_difference` (see the module docstring);
         `deadline_attainment` over all requests with a deadline.
     """
     out: dict[str, Any] = {}
@@ -59,7 +173,9 @@ def group_metrics(requests: Sequence[Request], duration: float, start_time: floa
         by_client = _split(requests, "client_id")
         out["per_client"] = {c: _group(rs, duration, percentiles, slo, weights)
                              for c, rs in by_client.items()}
-        out["jain_fairness_index"] = jain_index(v["service"] for v in out["per_client"].values())
+        end = start_time + duration
+        out["jain_fairness_index"] = jain_index(service_rates(by_client, end, weights).values())
+        out["max_service_difference"] = max_service_difference(by_client, end, weights)
         out["service_timeline"] = service_timeline(by_client, duration, start_time, weights)
     if any(r.slo_class is not None for r in requests):
         out["per_slo_class"] = {c: _group(rs, duration, percentiles, slo, weights)

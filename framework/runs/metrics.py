@@ -9,7 +9,11 @@ Per request (completed ones only; rejected and aborted requests are counted, nev
 - queueing = first scheduled time - arrival time.
 
 Each latency family gets `mean_/median_/std_/pNN_<name>_ms` keys; throughputs divide by the
-run's duration. Engine metrics come from the per-step series (KV use, batch size, waste).
+run's duration. `completed`, `num_rejected` (refused with a reason) and `num_failed` (aborted
+or errored) are disjoint and add up to the requests submitted; `max_concurrent_requests` is the
+peak of requests in flight (arrival to end) whatever the path. Engine metrics come from the
+per-step series (KV use over the whole cluster's pool, batch size, waste; `max_num_running` is
+the peak of running seats).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from schedlab.request import Request, RequestStatus
-from schedlab.runs.driver import RunResult
 from schedlab.runs.groups import (
     group_metrics,
     is_completed,
@@ -30,6 +33,7 @@ from schedlab.runs.groups import (
     per_second,
     percentile_keys,
 )
+from schedlab.runs.run_result import RunResult
 from schedlab.stats import step_phase_metrics
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
@@ -106,7 +110,7 @@ def compute_metrics(
         "duration": dur,
         "completed": len(done),
         "num_rejected": len(rejected),
-        "num_failed": len(run.requests) - len(done),
+        "num_failed": len(run.requests) - len(done) - len(rejected),
         "max_concurrency": run.max_concurrency,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
@@ -119,7 +123,7 @@ def compute_metrics(
         m["request_goodput"] = per_second(sum(meets_slo(r, slo) for r in done), dur)
         m["goodput_slo_ms"] = dict(slo)
     m["max_output_tokens_per_s"] = _peak_output_rate(done, run.start_time)
-    m["max_concurrent_requests"] = max((s.num_running for s in run.step_stats), default=0)
+    m["max_concurrent_requests"] = peak_in_flight(run.requests)
     pooled_itl = [g for gaps in itls for g in gaps]
     for name, values in (("ttft", ttfts), ("tpot", [t for t in tpots if t is not None]),
                          ("itl", pooled_itl), ("e2el", e2els), ("queue", queue)):
@@ -139,7 +143,11 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
     steps = run.step_stats
     reserved = sum(s.kv_reserved_tokens for s in steps)
     used = sum(s.kv_used_tokens for s in steps)
-    peak_blocks = max((s.kv_used_blocks for s in steps), default=0)
+    # NOTE: a cluster's KV use is every instance's used blocks at each step over the whole
+    # cluster's pool (one instance's peak over the cluster's pool would shrink with N)
+    kv_blocks = run.kv_used_blocks or [s.kv_used_blocks for s in steps]
+    running = run.num_running or [s.num_running for s in steps]
+    peak_blocks = max(kv_blocks, default=0)
     return {
         "num_steps": len(steps),
         "num_preemptions": run.num_preemptions,
@@ -148,13 +156,14 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
         "num_kv_blocks": run.num_kv_blocks,
         "peak_kv_used_blocks": peak_blocks,
         "peak_kv_usage_pct": 100.0 * peak_blocks / run.num_kv_blocks if run.num_kv_blocks else 0.0,
-        "mean_kv_usage_pct": (100.0 * float(np.mean([s.kv_used_blocks for s in steps]))
-                              / run.num_kv_blocks if steps and run.num_kv_blocks else 0.0),
+        "mean_kv_usage_pct": (100.0 * float(np.mean(kv_blocks)) / run.num_kv_blocks
+                              if kv_blocks and run.num_kv_blocks else 0.0),
         "mean_kv_reserved_tokens": reserved / len(steps) if steps else 0.0,
         "mean_kv_used_tokens": used / len(steps) if steps else 0.0,
         "kv_waste_pct": 100.0 * (1.0 - used / reserved) if reserved else 0.0,
         "mean_batch_size": _mean([s.num_scheduled_seqs for s in steps]),
-        "mean_num_running": _mean([s.num_running for s in steps]),
+        "mean_num_running": _mean(running),
+        "max_num_running": max(running, default=0),
         "mean_num_waiting": _mean([s.num_waiting for s in steps]),
         "mean_tokens_per_step": _mean([s.num_scheduled_tokens for s in steps]),
         "mean_step_time_ms": 1000.0 * _mean([s.step_time for s in steps]),
@@ -170,6 +179,21 @@ def _stats(name: str, values: Sequence[float], percentiles: Sequence[float]) -> 
            f"std_{name}_ms": float(a.std())}
     out.update(percentile_keys(name, a, percentiles))
     return out
+
+
+def peak_in_flight(requests: Sequence[Request]) -> int:
+    """The most requests in flight at once: each from its arrival (for a request held back by
+    `max_concurrency`, the time it got a seat) until it ended, as vLLM's bench counts them. A
+    request ending at t and another arriving at t do not overlap."""
+    events: list[tuple[float, int]] = []
+    for r in requests:
+        if r.metrics.finished_time is not None:
+            events += [(r.arrival_time, 1), (r.metrics.finished_time, -1)]
+    peak = cur = 0
+    for _, d in sorted(events):
+        cur += d
+        peak = max(peak, cur)
+    return peak
 
 
 def _peak_output_rate(done: list[Request], start: float) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from schedlab.runs.driver import RunResult
+from schedlab.runs.run_result import RunResult
 
 PLOTS_DIR = "plots"
 

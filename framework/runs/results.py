@@ -182,7 +182,8 @@ def format_table(metrics: dict) -> str:
     row("Mean tokens per step:", "mean_tokens_per_step")
     if metrics.get("per_client") or metrics.get("deadline_attainment") is not None:
         lines.append(f"{' Clients and SLOs ':-^50}")
-        row("Jain's fairness index (service):", "jain_fairness_index", ".3f")
+        row("Jain's fairness index (rate):", "jain_fairness_index", ".3f")
+        row("Max service difference (tokens):", "max_service_difference", ".0f")
         row("Deadline attainment (TTFT):", "deadline_attainment", ".3f")
         for c, g in (metrics.get("per_client") or {}).items():
             lines.append(f"{'  ' + c + ': done / TTFT mean (ms):':<40} "

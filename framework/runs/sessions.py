@@ -2,7 +2,7 @@
 
 A session is a list of `WorkloadRequest`s sharing a `session_id`, with `turn` 0, 1, ... Turn 0
 arrives at the session's `arrival_s`; a later turn holds only its new message and is released by
-the driver (`schedlab.runs.driver`) `think_time_s` after the previous turn finished, its prompt
+the run loop (`schedlab.cluster.loop`) `think_time_s` after the previous turn finished, its prompt
 being the previous prompt + the previous answer + the new message. Prefix caches thus see each
 conversation's history again, and session-affine routing has something to keep together.
 
@@ -86,7 +86,7 @@ def session_requests(session_id: str,
 
 
 def next_turns(workload: list[WorkloadRequest]) -> dict[int, int]:
-    """Index of each turn -> index of the session's next turn (for the driver).
+    """Index of each turn -> index of the session's next turn (for the run loop).
 
     Raises:
         ValueError: a session's turns are not 0, 1, ... in workload order.

@@ -1,8 +1,11 @@
 """`schedlab bench serve`: replay a workload against any OpenAI-compatible server over HTTP.
 
 Each request is sent at its arrival time (or when a seat frees, with `max_concurrency`) to
-`/v1/completions` with its prompt as token ids (exact lengths), `max_tokens`, `ignore_eos` and
-`stream: true`. As `vllm bench serve` does, every streamed chunk that carries a choice is one
+`/v1/completions` with its prompt as token ids (exact lengths), `max_tokens`, `ignore_eos`,
+`stream: true` and its metadata (`user` = client id, `priority`, `deadline_ms`, `slo_class`).
+A session's later turn is sent as `schedlab run` releases it: `think_time_s` after the previous
+turn's answer ended, its prompt the previous prompt + the answer + its new message.
+As `vllm bench serve` does, every streamed chunk that carries a choice is one
 token arrival: TTFT is send -> first chunk, ITL the gaps between chunks, and the output length
 is the server's `usage.completion_tokens` (the chunk count when it sends no usage). The timings
 become `Request`s on the client's clock, so `compute_metrics` gives the same results.json keys
@@ -14,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 
 import httpx
 
 from schedlab.request import Request, RequestStatus, SamplingParams
-from schedlab.runs.distributions import WorkloadRequest
-from schedlab.runs.driver import RunResult, progress_bar
+from schedlab.runs.distributions import FIRST_TOKEN_ID, WorkloadRequest
+from schedlab.runs.driver import progress_bar
+from schedlab.runs.run_result import RunResult
+from schedlab.runs.sessions import next_turns
 
 
 class BenchError(RuntimeError):
@@ -88,54 +94,108 @@ def run_bench(workload: list[WorkloadRequest], options: BenchOptions) -> RunResu
 async def _run(workload: list[WorkloadRequest], o: BenchOptions, model: str) -> RunResult:
     url = o.base_url.rstrip("/") + "/v1/completions"
     sem = asyncio.Semaphore(o.max_concurrency) if o.max_concurrency else None
+    nxt = next_turns(workload)
+    later = set(nxt.values())  # a session's later turns: sent after the previous answer
+    requests: list[Request | None] = [None] * len(workload)
     bar = progress_bar(len(workload), o.progress)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(o.timeout_s, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         start = time.perf_counter()
 
-        async def one(i: int, w: WorkloadRequest) -> Request:
-            delay = start + w.arrival_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if sem is None:
-                req = await _send(client, url, model, str(i), w, o)
-            else:
-                async with sem:  # a held-back request's clock starts when it is sent
-                    req = await _send(client, url, model, str(i), w, o)
-            bar.update(1)
-            return req
+        async def one(i: int, prompt: list[int], release_s: float) -> None:
+            """Send request `i` at `release_s` after the start, then its session's next turn
+            (as the run loop does: after the answer + think time, with the history)."""
+            while i is not None:
+                delay = start + release_s - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if sem is None:
+                    req, answer = await _send(client, url, model, str(i), prompt,
+                                              workload[i], o)
+                else:
+                    async with sem:  # a held-back request's clock starts when it is sent
+                        req, answer = await _send(client, url, model, str(i), prompt,
+                                                  workload[i], o)
+                requests[i] = req
+                bar.update(1)
+                j = nxt.get(i)
+                if j is not None:
+                    w = workload[j]
+                    prompt = prompt + answer + list(w.prompt_token_ids)
+                    release_s = req.metrics.finished_time - start + w.think_time_s
+                i = j
 
         try:
-            requests = await asyncio.gather(*(one(i, w) for i, w in enumerate(workload)))
+            await asyncio.gather(*(one(i, list(w.prompt_token_ids), w.arrival_s)
+                                   for i, w in enumerate(workload) if i not in later))
         finally:
             bar.close()
         end = time.perf_counter()
-    return RunResult(requests=list(requests), duration_s=end - start, step_stats=[],
-                     num_preemptions=0, prefix_hit_rate=0.0, start_time=start,
+    return RunResult(requests=[r for r in requests if r is not None], duration_s=end - start,
+                     step_stats=[], num_preemptions=0, prefix_hit_rate=0.0, start_time=start,
                      max_concurrency=o.max_concurrency)
 
 
-async def _send(client: httpx.AsyncClient, url: str, model: str, rid: str, w: WorkloadRequest,
-                o: BenchOptions) -> Request:
-    body = {"model": model, "prompt": list(w.prompt_token_ids), "max_tokens": w.max_tokens,
+def request_body(model: str, prompt: list[int], w: WorkloadRequest,
+                 o: BenchOptions) -> dict:
+    """The JSON body of one request: the prompt as token ids, its length limits, and its
+    metadata as the server reads it (OpenAI's `user` = the client id; vLLM's `priority`,
+    sent only when not 0 as vLLM refuses it without priority scheduling; `deadline_ms` and
+    `slo_class`, when set), and vLLM's `return_token_ids` (a session's next prompt holds the
+    answer's token ids)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": w.max_tokens,
             "temperature": o.temperature, "ignore_eos": o.ignore_eos, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, "return_token_ids": True}
+    if w.client_id is not None:
+        body["user"] = str(w.client_id)
+    if w.priority:
+        body["priority"] = int(w.priority)
+    if w.deadline_ms is not None:
+        body["deadline_ms"] = float(w.deadline_ms)
+    if w.slo_class is not None:
+        body["slo_class"] = str(w.slo_class)
+    return body
+
+
+#: a token the server wrote as `<id>` (a model without a tokenizer, e.g. under `executor=sim`)
+_TOKEN_TEXT = re.compile(r"<(\d+)>")
+
+
+def answer_tokens(token_ids: list[int], text: str, num_tokens: int) -> list[int]:
+    """The answer's token ids, for a session's next prompt: those the server returned
+    (`return_token_ids`), else read back from `<id>` text (a server without a tokenizer),
+    else `num_tokens` placeholders (the lengths stay exact; the ids cannot be known)."""
+    if len(token_ids) == num_tokens:
+        return list(token_ids)
+    ids = [int(m) for m in _TOKEN_TEXT.findall(text)]
+    if len(ids) == num_tokens and "".join(f"<{t}>" for t in ids) == text:
+        return ids
+    return [FIRST_TOKEN_ID] * num_tokens
+
+
+async def _send(client: httpx.AsyncClient, url: str, model: str, rid: str, prompt: list[int],
+                w: WorkloadRequest, o: BenchOptions) -> tuple[Request, list[int]]:
+    """One request, streamed. Returns it (its timings on the client's clock) and the answer's
+    token ids (see `answer_tokens`; empty when it failed)."""
+    body = request_body(model, prompt, w, o)
     sent = time.perf_counter()
-    req = Request(rid, list(w.prompt_token_ids), SamplingParams(
+    req = Request(rid, list(prompt), SamplingParams(
         temperature=o.temperature, max_tokens=w.max_tokens, ignore_eos=o.ignore_eos),
         arrival_time=sent, priority=w.priority, client_id=w.client_id,
         deadline_ms=w.deadline_ms, slo_class=w.slo_class)
     times: list[float] = []
+    text: list[str] = []
+    ids: list[int] = []
     num_tokens: int | None = None
     finish: str | None = None
     try:
         async with client.stream("POST", url, json=body) as r:
             if r.status_code != 200:
-                text = (await r.aread()).decode("utf-8", "replace")
-                return _failed(req, f"HTTP {r.status_code}: {_message(text)}",
+                err = (await r.aread()).decode("utf-8", "replace")
+                return _failed(req, f"HTTP {r.status_code}: {_message(err)}",
                                RequestStatus.REJECTED if 400 <= r.status_code < 500
-                               else RequestStatus.FINISHED_ABORTED)
+                               else RequestStatus.FINISHED_ABORTED), []
             async for line in r.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -145,29 +205,33 @@ async def _send(client: httpx.AsyncClient, url: str, model: str, rid: str, w: Wo
                 chunk = json.loads(data)
                 if "error" in chunk:
                     return _failed(req, f"error mid-stream: {_message(data)}",
-                                   RequestStatus.FINISHED_ABORTED)
+                                   RequestStatus.FINISHED_ABORTED), []
                 choices = chunk.get("choices")
                 if choices:
                     times.append(time.perf_counter())
+                    text.append(choices[0].get("text") or "")
+                    ids += choices[0].get("token_ids") or []
                     finish = choices[0].get("finish_reason") or finish
                 usage = chunk.get("usage")
                 if usage and usage.get("completion_tokens") is not None:
                     num_tokens = int(usage["completion_tokens"])
     except (httpx.HTTPError, json.JSONDecodeError, OSError) as e:
-        return _failed(req, f"{type(e).__name__}: {e}", RequestStatus.FINISHED_ABORTED)
+        return _failed(req, f"{type(e).__name__}: {e}", RequestStatus.FINISHED_ABORTED), []
     end = time.perf_counter()
     if not times:
-        return _failed(req, "the stream ended without a token", RequestStatus.FINISHED_ABORTED)
+        return _failed(req, "the stream ended without a token",
+                       RequestStatus.FINISHED_ABORTED), []
     if finish not in (None, "stop", "length"):
-        return _failed(req, f"finish_reason {finish!r}", RequestStatus.FINISHED_ABORTED)
+        return _failed(req, f"finish_reason {finish!r}", RequestStatus.FINISHED_ABORTED), []
     m = req.metrics
     m.first_scheduled_time = sent  # NOTE: a client cannot see queueing; queue keys are dropped
     m.first_token_time = times[0]
     m.token_times = times
-    req.output_token_ids = [0] * (num_tokens if num_tokens is not None else len(times))
+    n = num_tokens if num_tokens is not None else len(times)
+    req.output_token_ids = answer_tokens(ids, "".join(text), n)
     req.end(RequestStatus.FINISHED_STOPPED if finish == "stop" else RequestStatus.FINISHED_LENGTH,
             end)
-    return req
+    return req, req.output_token_ids
 
 
 def _failed(req: Request, reason: str, status: RequestStatus) -> Request:
@@ -184,20 +248,10 @@ def _message(text: str) -> str:
 
 
 def client_metrics(run: RunResult, metrics: dict) -> dict:
-    """`compute_metrics` output as a client sees it: engine-only and queueing keys dropped,
-    `max_concurrent_requests` counted from the requests' send..finish intervals."""
+    """`compute_metrics` output as a client sees it: engine-only and queueing keys dropped
+    (`max_concurrent_requests`, from the requests' send..finish intervals, stays)."""
     engine_only = set(engine_keys())
-    out = {k: v for k, v in metrics.items() if k not in engine_only and "_queue_ms" not in k}
-    events: list[tuple[float, int]] = []
-    for r in run.requests:
-        if r.metrics.finished_time is not None:
-            events += [(r.arrival_time, 1), (r.metrics.finished_time, -1)]
-    peak = cur = 0
-    for _, d in sorted(events):
-        cur += d
-        peak = max(peak, cur)
-    out["max_concurrent_requests"] = peak
-    return out
+    return {k: v for k, v in metrics.items() if k not in engine_only and "_queue_ms" not in k}
 
 
 def engine_keys() -> list[str]:

@@ -6,7 +6,8 @@ tokens go back to each handler's `RequestStream` (an asyncio queue fed with
 `call_soon_threadsafe`). Nothing is dropped: every submitted request gets exactly one final
 event (finished, aborted, rejected with its reason, or refused while overloaded/draining).
 
-On a virtual clock (`executor=sim`) the loop runs in real time (see `schedlab.serve.clock`).
+On a virtual clock (`executor=sim`) the loop runs in real time (`build_engine`, a
+`schedlab.clock.PacedClock`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from schedlab.clock import PacedClock, VirtualClock
+from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import Request, SamplingParams
-from schedlab.serve.clock import PacedClock
 from schedlab.serve.text import TextStream
 from schedlab.stats import EngineCounters
 
@@ -30,6 +32,15 @@ log = logging.getLogger("schedlab.serve")
 
 #: how long the idle loop blocks on its inbox before checking whether it should stop (s)
 _IDLE_WAIT_S = 0.05
+
+
+def build_engine(config: EngineConfig) -> Engine:
+    """An engine for serving: as `Engine(config)`, but an executor on a virtual clock runs on a
+    `PacedClock` (real-time pacing of the simulated step times)."""
+    engine = Engine(config)
+    if isinstance(engine.clock, VirtualClock):
+        engine.set_clock(PacedClock())
+    return engine
 
 
 @dataclass(slots=True)
@@ -70,6 +81,8 @@ class StreamEvent:
         finish_reason: set on the last event: "stop", "length" or "abort".
         error: a refusal: the request never ran (the message says why).
         status: the HTTP status for `error` (400 rejected, 503 overloaded or draining).
+        token_ids: the new output token ids since the last event (vLLM's `return_token_ids`
+            answers with them; `bench serve` builds a session's next prompt from them).
     """
 
     text: str = ""
@@ -78,6 +91,7 @@ class StreamEvent:
     finish_reason: str | None = None
     error: str | None = None
     status: int = 200
+    token_ids: list[int] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -293,20 +307,23 @@ class EngineLoop:
             a.num_sent_tokens = n
             delta = a.text.add(new, final=req.is_finished)
             if delta.stopped:
-                self._end(a, "stop", delta.text)
+                self._end(a, "stop", delta.text, new)
             elif req.is_finished:
                 reason = req.finish_reason if req.finish_reason in ("stop", "length") else "abort"
-                self._end(a, reason, delta.text)
+                self._end(a, reason, delta.text, new)
             else:  # NOTE: one event per token, even with no text yet: clients time tokens
-                a.stream.put(StreamEvent(delta.text, req.num_prompt_tokens, n))
+                a.stream.put(StreamEvent(delta.text, req.num_prompt_tokens, n,
+                                         token_ids=list(new)))
 
-    def _end(self, a: _Active, reason: str, text: str = "") -> None:
+    def _end(self, a: _Active, reason: str, text: str = "",
+             token_ids: list[int] | None = None) -> None:
         req = a.request
         if not req.is_finished:
             self.engine.abort(req.request_id)
         del self._active[req.request_id]
         self.engine.forget(req.request_id)  # NOTE: a server must not keep them all
-        a.stream.put(StreamEvent(text, req.num_prompt_tokens, a.num_sent_tokens, reason))
+        a.stream.put(StreamEvent(text, req.num_prompt_tokens, a.num_sent_tokens, reason,
+                                 token_ids=list(token_ids or ())))
         if self._on_finished is not None:
             try:
                 self._on_finished(FinishedRequest(req, reason, a.num_sent_tokens))

@@ -18,8 +18,7 @@ import uvicorn
 
 from schedlab.config import EngineConfig
 from schedlab.serve.app import ServeState, build_app
-from schedlab.serve.clock import build_engine
-from schedlab.serve.loop import EngineLoop
+from schedlab.serve.loop import EngineLoop, build_engine
 from schedlab.serve.prom import ServerMetrics
 
 log = logging.getLogger("schedlab.serve")

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from schedlab.clock import TIMERS as TIMERS
+from schedlab.clock import Clock
 from schedlab.config import DEFAULT_BLOCK_SIZE
-from schedlab.executor import TIMERS as TIMERS
-from schedlab.executor import Clock
 from schedlab.sim.costmodel import StepShape, decode_pad_waste
 
 #: (query lengths, cached tokens before them), one entry per sequence

@@ -12,8 +12,9 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from schedlab.attention import KVCacheSpec
+from schedlab.clock import VirtualClock
 from schedlab.config import EngineConfig
-from schedlab.executor import Executor, ExecutorOutput, VirtualClock
+from schedlab.executor import Executor, ExecutorOutput
 from schedlab.model import ModelSpec
 from schedlab.plan import SchedulerOutput
 from schedlab.request import Request

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from schedlab.attention import KVCacheSpec
+from schedlab.clock import VirtualClock
 from schedlab.config import ConfigError, EngineConfig
-from schedlab.executor import Executor, ExecutorOutput, VirtualClock
+from schedlab.executor import Executor, ExecutorOutput
 from schedlab.model import resolve_dtype
 from schedlab.scheduler import SchedulerOutput
 from schedlab.sim.costmodel import CostModel, StepShape, decode_pad_waste

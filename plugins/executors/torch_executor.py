@@ -11,8 +11,9 @@ import torch
 
 from schedlab import registry
 from schedlab.attention import AttentionBackend, AttentionMetadata, KVCacheSpec
+from schedlab.clock import WallClock
 from schedlab.config import EngineConfig
-from schedlab.executor import Executor, ExecutorOutput, ExecutorTimings, WallClock
+from schedlab.executor import Executor, ExecutorOutput, ExecutorTimings
 from schedlab.model import (
     ATTN_IMPLEMENTATION,
     ForwardContext,

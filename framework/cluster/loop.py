@@ -1,0 +1,160 @@
+"""The run loop: one discrete-event loop that drives a workload through 1..N engine instances.
+
+`schedlab run`, `LLM.generate` and clusters all go through it
+(`schedlab.runs.driver.run_workload`); a single engine is a
+cluster of one instance (`Cluster.around`) and takes the same code. The events, on one timeline
+(each instance's clock, started together):
+
+- a release: a request's arrival (`arrival_s` after the start), or a session's next turn
+  (`think_time_s` after the previous turn finished, its prompt the previous prompt + answer +
+  its new message); with `max_concurrency` a release also waits for a seat, and its clock
+  (arrival time) starts when it gets one, as a request held by vLLM bench's semaphore;
+- a seat freeing: a request ending (finished, rejected, aborted) frees its seat and may
+  release its session's next turn;
+- a KV transfer arriving on a decode instance (prefill/decode disaggregation);
+- an instance step: the busy instance whose clock is furthest behind steps next.
+
+A release or a transfer is handled once every busy instance has reached its time (ties: releases
+first, then transfers, then steps); an idle instance's clock jumps to the work that reaches it
+(the wall clock of a single real engine really sleeps). Offline workloads (every arrival at 0)
+thus submit everything at once, and a request that waits for a seat counts the wait in its TTFT.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from schedlab.request import Request, SamplingParams
+from schedlab.runs.distributions import WorkloadRequest
+from schedlab.runs.sessions import next_turns
+
+if TYPE_CHECKING:
+    from schedlab.cluster.cluster import Cluster
+    from schedlab.cluster.instance import Instance
+
+#: consecutive steps without progress (no plan run, nothing ended or moved) before the loop
+#: gives up on a stuck plugin
+MAX_STALLED_STEPS = 1000
+
+
+class RunLoop:
+    """One run's events over a cluster (see the module docstring); `run` drives it to the end.
+    `schedlab.runs.driver.run_workload` is the way in."""
+
+    def __init__(self, cluster: Cluster, workload: list[WorkloadRequest],
+                 params: Sequence[SamplingParams], request_ids: Sequence[str] | None,
+                 max_concurrency: int | None, check: bool) -> None:
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"max_concurrency={max_concurrency} must be >= 1 or None")
+        self.cluster = cluster
+        self.workload = workload
+        self.params = params
+        self.ids = request_ids
+        self.check = check
+        self.nxt = next_turns(workload)
+        later = set(self.nxt.values())  # turns released by their predecessor, not arrival_s
+        #: (release time after the start, 0 for an arrival / 1 for a next turn, index)
+        self.releases = [(w.arrival_s, 0, i) for i, w in enumerate(workload) if i not in later]
+        heapq.heapify(self.releases)
+        #: when each free seat became free (None: no cap)
+        self.seats: list[float] | None = (None if max_concurrency is None
+                                          else [-float("inf")] * max_concurrency)
+        self.prompts: dict[int, list[int]] = {}  # a next turn's full prompt
+        self.index: dict[int, int] = {}  # id(request) -> its workload index
+        self.outstanding = 0  # released and not ended
+        self.bar = None
+        self.start = cluster.begin_run()
+
+    def next_release(self) -> float:
+        """When the next release can happen (inf: none left, or no free seat)."""
+        if not self.releases or self.seats == []:
+            return float("inf")
+        t = self.start + self.releases[0][0]
+        return max(t, self.seats[0]) if self.seats else t
+
+    def run(self, bar=None) -> None:
+        """Handle events until every request has ended. `bar`: a progress bar told of each
+        ended request. Changes state.
+
+        Raises:
+            RuntimeError: requests are outstanding and no instance can make progress.
+        """
+        self.bar = bar
+        cluster = self.cluster
+        stalled = 0
+        while True:
+            busy = cluster.is_busy()
+            t_busy = min((i.now() for i in busy), default=float("inf"))
+            t_release = self.next_release()
+            t_transfer = cluster.next_transfer_time()
+            if t_release < float("inf") and t_release <= t_busy and t_release <= t_transfer:
+                self.release(t_release)
+            elif t_transfer < float("inf") and t_transfer <= t_busy:
+                self.ended(cluster.deliver_next())
+            elif busy:
+                inst = min(busy, key=lambda i: (i.now(), i.index))
+                stepped = cluster.step(inst, self.check)
+                if self.ended(inst) or stepped:
+                    stalled = 0
+                else:
+                    stalled += 1
+                    if stalled > MAX_STALLED_STEPS:
+                        raise RuntimeError(self._stuck(f"instance {inst.index} made no progress "
+                                                       f"in {stalled} steps"))
+            elif cluster.has_pending():  # transfers that wait for nothing: admit or reject
+                cluster.admit_pending()
+                for inst in cluster.instances:
+                    self.ended(inst)
+            elif self.outstanding or self.releases:
+                if any(self.ended(inst) for inst in cluster.instances):
+                    continue
+                raise RuntimeError(self._stuck("no instance has work left"))
+            else:
+                return
+
+    def _stuck(self, what: str) -> str:
+        ec = self.cluster.engine_config
+        return (f"{what} while {self.outstanding} requests are outstanding (scheduler "
+                f"{ec.scheduler!r}, queue {ec.queue!r}): a plugin lost or stalls them")
+
+    def release(self, t: float) -> None:
+        """Submit the next release at `t` (its arrival time, a seat's time included)."""
+        _, _, i = heapq.heappop(self.releases)
+        if self.seats is not None:
+            heapq.heappop(self.seats)
+        w = self.workload[i]
+        inst, req = self.cluster.route(
+            i, self.prompts.pop(i, w.prompt_token_ids), self.params[i], t, w,
+            None if self.ids is None else self.ids[i])
+        self.index[id(req)] = i
+        self.outstanding += 1
+        self.ended(inst)  # rejected on arrival
+
+    def ended(self, inst: Instance) -> bool:
+        """Take what ended on `inst`: free seats, release next turns. Returns whether anything
+        ended or moved."""
+        done, moved = self.cluster.collect(inst)
+        for r in done:
+            i = self.index.pop(id(r), None)
+            if i is None:
+                continue
+            self.outstanding -= 1
+            if self.bar is not None:
+                self.bar.update(1)
+            t = _finish_time(r, inst.now())
+            if self.seats is not None:
+                heapq.heappush(self.seats, t)
+            j = self.nxt.get(i)
+            if j is not None:
+                w = self.workload[j]
+                self.prompts[j] = r.prompt_token_ids + r.output_token_ids + list(
+                    w.prompt_token_ids)
+                heapq.heappush(self.releases, (t - self.start + w.think_time_s, 1, j))
+        return moved
+
+
+def _finish_time(req: Request, default: float) -> float:
+    t = req.metrics.finished_time
+    return default if t is None else t

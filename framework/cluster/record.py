@@ -1,0 +1,97 @@
+"""A cluster run's books: what it noted at its start, the requests it routed, and the run they
+make (one `RunResult` over every instance, plus each instance's share)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from schedlab.cluster.instance import Instance, InstanceSummary
+from schedlab.request import Request
+from schedlab.runs.run_result import RunResult
+from schedlab.stats import EngineCounters
+
+
+@dataclass(slots=True)
+class ClusterRunResult:
+    """A cluster run: the whole cluster as one `RunResult` (every request, every instance's
+    steps) plus each instance's share."""
+
+    run: RunResult
+    instances: list[InstanceSummary]
+    router: str
+    disaggregated: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """results.json's `cluster` entry."""
+        return {"router": self.router, "num_instances": len(self.instances),
+                "disaggregated": self.disaggregated,
+                "instances": [asdict(s) for s in self.instances], **self.extra}
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """One run on a cluster: the start time (the latest instance clock), each engine's
+    counters and held step records at the start, and the requests routed by workload index."""
+
+    start: float = 0.0
+    counters: list[EngineCounters] = field(default_factory=list)
+    #: step records each engine held at the start (not `num_steps`:
+    #: `Engine.drain_step_stats` empties the list while the step count goes on)
+    first_step: list[int] = field(default_factory=list)
+    routed: dict[int, Request] = field(default_factory=dict)
+
+    @classmethod
+    def begin(cls, instances: Sequence[Instance]) -> RunRecord:
+        return cls(start=max(i.now() for i in instances),
+                   counters=[i.engine.counters() for i in instances],
+                   first_step=[len(i.engine.step_stats) for i in instances])
+
+    def result(self, instances: Sequence[Instance], block_size: int,
+               max_concurrency: int | None = None) -> RunResult:
+        """The run as one `RunResult`: every routed request in workload order, every
+        instance's steps in time order, the counters summed over instances, and (several
+        instances) the cluster's KV blocks in use and running requests after each step. No
+        state change."""
+        requests = [self.routed[k] for k in sorted(self.routed)]
+        tagged = []
+        counters = []
+        for n, inst in enumerate(instances):
+            e = inst.engine
+            c0 = self.counters[n] if self.counters else None
+            c1 = e.counters()
+            counters.append((c0, c1))
+            first = self.first_step[n] if self.first_step else 0
+            tagged += [(s.time, n, s) for s in e.step_stats[first:]]
+        tagged.sort(key=lambda x: x[0])  # stable: one instance's steps keep their order
+        used = [0] * len(instances)
+        running = [0] * len(instances)
+        cluster_used, cluster_running = [], []
+        for _, n, s in tagged:
+            used[n], running[n] = s.kv_used_blocks, s.num_running
+            cluster_used.append(sum(used))
+            cluster_running.append(sum(running))
+
+        def delta(name: str) -> int:
+            return sum(getattr(c1, name) - (getattr(c0, name) if c0 else 0)
+                       for c0, c1 in counters)
+
+        hits, queried = delta("num_prefix_hit_tokens"), delta("num_prefix_query_tokens")
+        several = len(instances) > 1
+        return RunResult(
+            requests=requests,
+            duration_s=max(i.now() for i in instances) - self.start,
+            step_stats=[s for _, _, s in tagged],
+            num_preemptions=delta("num_preemptions"),
+            prefix_hit_rate=hits / queried if queried else 0.0,
+            start_time=self.start,
+            num_kv_blocks=sum(c1.num_kv_blocks for _, c1 in counters),
+            block_size=block_size,
+            max_concurrency=max_concurrency,
+            num_prefix_hit_tokens=hits,
+            num_swaps=delta("num_swaps"),
+            kv_used_blocks=cluster_used if several else [],
+            num_running=cluster_running if several else [],
+        )
