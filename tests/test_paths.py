@@ -12,6 +12,7 @@ import pytest
 from schedlab.cluster import Cluster, ClusterConfig
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
+from schedlab.faults import PluginContractError
 from schedlab.runs.driver import run_workload
 from schedlab.runs.metrics import compute_metrics, peak_in_flight
 from schedlab.runs.sessions import next_turns
@@ -254,6 +255,16 @@ def test_a_bench_that_drops_sessions_fails_the_checks(sim_server, monkeypatch):
 def test_a_queue_that_loses_requests_stops_the_loop_with_a_sentence():
     eng = Engine(sim())
     eng.scheduler.waiting.add = lambda request: None  # the queue forgets what it is given
+    # the engine's own accounting names the queue before the loop runs dry
+    with pytest.raises(PluginContractError, match=r"queue 'fcfs' lost 1 request: add\(\) accepted "
+                                                  r"it but pop\(\)/iteration never returned it"):
+        run_workload(eng, workload("synthetic"))
+
+
+def test_an_engine_that_says_it_is_done_with_requests_outstanding_stops_the_loop():
+    eng = Engine(sim())
+    eng.scheduler.waiting.add = lambda request: None
+    eng.has_unfinished = lambda: False  # an engine whose own accounting is bypassed
     with pytest.raises(RuntimeError, match=r"no instance has work left while 16 requests are "
                                            r"outstanding \(scheduler 'continuous', queue 'fcfs'\)"):
         run_workload(eng, workload("synthetic"))
