@@ -7,9 +7,10 @@
 from __future__ import annotations
 
 from schedlab.kv_manager import KVCacheManager
+from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
 from schedlab.registry import PluginError
 from schedlab.request import RequestStatus
-from schedlab.scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
+from schedlab.scheduler import Scheduler
 
 
 class PluginContractError(PluginError):

@@ -1,8 +1,7 @@
 """The engine: builds the plugins from a config and runs schedule -> execute -> update.
 
 Building and sizing live in `schedlab.engine_setup`, the checks on a new request in
-`schedlab.intake` and the step records in `schedlab.engine_stats`. Names imported `as`
-themselves are re-exported: they were importable from here before that split.
+`schedlab.intake` and the step records in `schedlab.stats`.
 """
 
 from __future__ import annotations
@@ -11,11 +10,8 @@ import itertools
 import time
 
 from schedlab import registry
-from schedlab.config import ConfigError as ConfigError
 from schedlab.config import EngineConfig
-from schedlab.config import parse_bytes as parse_bytes
 from schedlab.contracts import check_kv_ownership, check_plan
-from schedlab.engine_setup import DEFAULT_KV_MEMORY as DEFAULT_KV_MEMORY
 from schedlab.engine_setup import (
     build_plugin,
     check_prefix_cache_fits,
@@ -23,14 +19,12 @@ from schedlab.engine_setup import (
     num_swap_blocks,
     scheduler_limits,
 )
-from schedlab.engine_stats import engine_counters, step_stats
 from schedlab.executor import Clock, Executor, ExecutorOutput
 from schedlab.intake import prompt_ids, why_invalid
 from schedlab.kv_manager import KVCacheManager
 from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerOutput
-from schedlab.scheduler import SchedulerConfig as SchedulerConfig
-from schedlab.stats import EngineCounters, StepStats
+from schedlab.stats import EngineCounters, StepStats, engine_counters, step_stats
 
 
 class Engine:

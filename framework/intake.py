@@ -6,7 +6,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable
 
-from schedlab.kv import KVAllocator
+from schedlab.kv_allocator import KVAllocator
 from schedlab.request import Request
 
 

@@ -5,7 +5,7 @@ Schedulers talk to this class only; they never know which allocator or cache the
 
 from __future__ import annotations
 
-from schedlab.kv import KVAllocator, KVUsage
+from schedlab.kv_allocator import KVAllocator, KVUsage
 from schedlab.prefix_cache import PrefixCache, PrefixMatch
 from schedlab.request import Request
 

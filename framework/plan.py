@@ -61,11 +61,6 @@ class SchedulerOutput:
         """Tokens in the step: the sum of `num_new_tokens`, derived from the plan."""
         return sum(s.num_new_tokens for s in self.scheduled)
 
-    @num_batched_tokens.setter
-    def num_batched_tokens(self, value: int) -> None:
-        """Ignored: the count is derived from `scheduled` (plugins written when it had to be
-        set keep working)."""
-
     @property
     def swap_in(self) -> list[tuple[int, int]]:
         """Swap preemption: (host slot, device block) pairs to copy in before the step."""

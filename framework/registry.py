@@ -40,7 +40,7 @@ CLUSTER_GROUPS: dict[str, str] = {
 INTERFACES: dict[str, str] = {
     "scheduler": "schedlab.scheduler:Scheduler",
     "queue": "schedlab.queue:RequestQueue",
-    "kv_allocator": "schedlab.kv:KVAllocator",
+    "kv_allocator": "schedlab.kv_allocator:KVAllocator",
     "prefix_cache": "schedlab.prefix_cache:PrefixCache",
     "attention": "schedlab.attention:AttentionBackend",
     "executor": "schedlab.executor:Executor",

@@ -13,12 +13,9 @@ from collections.abc import Sequence
 
 from schedlab.admission import AdmissionControl
 from schedlab.kv_manager import KVCacheManager
-from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
+from schedlab.plan import SchedulerConfig, SchedulerOutput
 from schedlab.queue import RequestQueue
 from schedlab.request import Request, RequestStatus
-
-# NOTE: the plan types live in schedlab.plan; importing them from here stays supported.
-__all__ = ["Scheduler", "SchedulerConfig", "ScheduledRequest", "SchedulerOutput"]
 
 
 class Scheduler(AdmissionControl, ABC):

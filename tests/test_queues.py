@@ -153,7 +153,7 @@ def bound_lpm():
     kv.free(owner)
     q = make("lpm")
     scheduler = registry.load("scheduler", "continuous")
-    from schedlab.scheduler import SchedulerConfig
+    from schedlab.plan import SchedulerConfig
 
     scheduler(SchedulerConfig(), kv, q)  # the scheduler binds its queue to the KV manager
     return q, kv

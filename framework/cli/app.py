@@ -21,7 +21,7 @@ CONFIG_PACKAGE = "pkg://schedlab.conf"
 
 def user_errors() -> tuple[type[Exception], ...]:
     """Exceptions that mean a bad configuration or input, reported without a traceback."""
-    from schedlab.runs.workload import WorkloadError
+    from schedlab.runs.distributions import WorkloadError
 
     return ConfigError, PluginError, WorkloadError, OmegaConfBaseException
 

@@ -8,7 +8,7 @@ from schedlab.attention import KVCacheSpec
 from schedlab.config import ConfigError, EngineConfig
 from schedlab.executor import Executor, ExecutorOutput, VirtualClock
 from schedlab.model import resolve_dtype
-from schedlab.scheduler import SchedulerOutput
+from schedlab.plan import SchedulerOutput
 from schedlab.sim.costmodel import CostModel, StepShape, decode_pad_waste
 from schedlab.sim.hardware import HardwareProfile, resolve_hardware, with_overrides
 from schedlab.sim.model_presets import ModelPreset, resolve_model

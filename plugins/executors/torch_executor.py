@@ -20,9 +20,9 @@ from schedlab.model import (
     register_attention,
     resolve_dtype,
 )
+from schedlab.plan import SchedulerOutput
 from schedlab.plugins.executors.cuda_graphs import DecodeGraphRunner, graph_batch_sizes
 from schedlab.sampler import sample
-from schedlab.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
