@@ -10,6 +10,9 @@ from typing import Any
 PREEMPTION_MODES = ("recompute", "swap")
 #: tokens per KV block when none is configured: the one source of this default
 DEFAULT_BLOCK_SIZE = 16
+#: the token budget per step when `max_num_batched_tokens` is None (a scheduler that does not
+#: chunk prefills gets at least `max_model_len`): the one source of this default
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEVICES = ("cpu", "cuda")
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,

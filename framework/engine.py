@@ -12,13 +12,8 @@ import time
 from schedlab import registry
 from schedlab.config import EngineConfig
 from schedlab.contracts import check_kv_ownership, check_plan
-from schedlab.engine_setup import (
-    build_plugin,
-    check_prefix_cache_fits,
-    num_kv_blocks,
-    num_swap_blocks,
-    scheduler_limits,
-)
+from schedlab.engine_plugins import resolve_plugins
+from schedlab.engine_setup import num_kv_blocks, num_swap_blocks, scheduler_limits
 from schedlab.executor import Clock, Executor, ExecutorOutput
 from schedlab.intake import prompt_ids, why_invalid
 from schedlab.kv_manager import KVCacheManager
@@ -45,36 +40,25 @@ class Engine:
     def __init__(self, config: EngineConfig, executor_cls: type[Executor] | None = None,
                  clock: Clock | None = None) -> None:
         self.config = cfg = config
-        classes = {kind: registry.load(kind, getattr(cfg, kind)) for kind in registry.GROUPS
-                   if not (kind == "executor" and executor_cls is not None)}
-        if executor_cls is not None:
-            classes["executor"] = executor_cls
-        sched_cls, alloc_cls, pc_cls = (classes["scheduler"], classes["kv_allocator"],
-                                        classes["prefix_cache"])
-        self.scheduler_name = registry.describe(cfg.scheduler)
-        check_prefix_cache_fits(cfg, pc_cls, alloc_cls)
-        self.executor: Executor = build_plugin("executor", classes["executor"],
-                                               cfg.executor_options, cfg,
-                                               spec=None if executor_cls else cfg.executor)
+        plugins = resolve_plugins(cfg, executor_cls)  # every load / option error comes first
+        self.scheduler_name = plugins.scheduler.label
+        self.executor: Executor = registry.build(plugins.executor, cfg)
         self.model_spec = self.executor.model_spec
-        limits = scheduler_limits(cfg, sched_cls, self.model_spec, self.scheduler_name)
-        self.max_model_len = max_len = limits.max_model_len
-        self.max_num_batched_tokens = limits.max_num_batched_tokens
+        #: the limits the scheduler plans under (`self.scheduler.config`): stored here only
+        self.limits = limits = scheduler_limits(cfg, plugins.scheduler.cls, self.model_spec,
+                                                self.scheduler_name)
+        max_len = limits.max_model_len
 
         self.kv_spec = self.executor.kv_cache_spec(cfg.block_size)
         self.num_kv_blocks = num_kv_blocks(cfg, self.kv_spec, self.executor, max_len)
         self.executor.initialize_cache(self.num_kv_blocks, cfg.block_size)
-        allocator = build_plugin("kv_allocator", alloc_cls, cfg.kv_allocator_options,
-                                 self.num_kv_blocks, cfg.block_size, max_len,
-                                 spec=cfg.kv_allocator)
-        prefix_cache = build_plugin("prefix_cache", pc_cls, cfg.prefix_cache_options,
-                                    cfg.block_size, spec=cfg.prefix_cache)
-        queue = build_plugin("queue", classes["queue"], cfg.queue_options, spec=cfg.queue)
+        allocator = registry.build(plugins.kv_allocator, self.num_kv_blocks, cfg.block_size,
+                                   max_len)
+        prefix_cache = registry.build(plugins.prefix_cache, cfg.block_size)
+        queue = registry.build(plugins.queue)
         self.num_swap_blocks = num_swap_blocks(cfg, self.kv_spec)
         self.kv = KVCacheManager(allocator, prefix_cache, self.num_swap_blocks)
-        self.scheduler: Scheduler = build_plugin("scheduler", sched_cls, cfg.scheduler_options,
-                                                 limits, self.kv, queue, spec=cfg.scheduler)
-        self._limits = limits
+        self.scheduler: Scheduler = registry.build(plugins.scheduler, limits, self.kv, queue)
         #: the last step's plan (checked in full by `check_integrity`)
         self.last_plan: SchedulerOutput | None = None
         self.clock: Clock = self.executor.clock
@@ -85,6 +69,16 @@ class Engine:
         self.step_stats: list[StepStats] = []
         self._num_steps = 0
         self._ids = itertools.count()
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence, prompt plus output (`limits.max_model_len`)."""
+        return self.limits.max_model_len
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """The token budget of one step (`limits.max_num_batched_tokens`)."""
+        return self.limits.max_num_batched_tokens
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(
@@ -229,7 +223,7 @@ class Engine:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         # NOTE: one pass over the plan (limits, tokens, KV held); ownership in check_integrity
-        check_plan(plan, self.scheduler_name, self._limits, self.kv, self._num_steps + 1)
+        check_plan(plan, self.scheduler_name, self.limits, self.kv, self._num_steps + 1)
         self.last_plan = plan
         if plan.is_empty:
             self._unstick()

@@ -28,26 +28,26 @@ class LLM:
 
     def _submit(self, prompts: Prompt | Sequence[Prompt],
                 sampling_params: SamplingParams | Sequence[SamplingParams] | None) -> list[Request]:
-        if hasattr(prompts, "tolist"):  # a numpy array or tensor of token ids
-            prompts = prompts.tolist()
-        if isinstance(prompts, str) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], numbers.Integral)
+        # a numpy array or tensor of token ids becomes a list
+        raw: Any = prompts.tolist() if hasattr(prompts, "tolist") else prompts
+        if isinstance(raw, str) or (
+            isinstance(raw, Sequence) and raw and isinstance(raw[0], numbers.Integral)
         ):
-            prompts = [prompts]
-        prompts = list(prompts)
+            raw = [raw]
+        batch: list[Any] = list(raw)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
+            params = [sampling_params or SamplingParams()] * len(batch)
         elif isinstance(sampling_params, Sequence) and all(
             isinstance(p, SamplingParams) for p in sampling_params
         ):
             params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling_params")
+            if len(params) != len(batch):
+                raise ValueError(f"{len(batch)} prompts but {len(params)} sampling_params")
         else:
             raise TypeError("sampling_params must be a SamplingParams or a list of them, got "
                             f"{type(sampling_params).__name__}")
         reqs = []
-        for prompt, sp in zip(prompts, params, strict=True):
+        for prompt, sp in zip(batch, params, strict=True):
             if isinstance(prompt, str):
                 if self.tokenizer is None:
                     raise ValueError("string prompts need a tokenizer; this model has none: "

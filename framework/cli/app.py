@@ -32,11 +32,14 @@ FAILURES: list[str] = []
 INTERRUPTED: list[str] = []
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
+def run(cfg: DictConfig, group: str | None = None,
+        run_name: str | None = None) -> dict[str, Any]:
     """Run one configuration: build the engine, drive the workload, write the results.
 
     Args:
         cfg: a composed config (`conf/config.yaml` plus overrides).
+        group, run_name: the W&B group and run name (under Hydra: from its job, see
+            `hydra_main`).
 
     Returns:
         The metrics (vLLM's benchmark keys), as written to `results.json`.
@@ -44,13 +47,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     Raises:
         ConfigError, PluginError, WorkloadError: a bad configuration, before any work starts.
     """
-    group, name = _sweep_names()
-    settings = build_settings(cfg, group=group, run_name=name)
-    return execute(settings)
+    return execute(build_settings(cfg, group=group, run_name=run_name))
 
 
 def execute(s: RunSettings) -> dict[str, Any]:
     """Run validated settings (see `run`)."""
+    from schedlab.engine_plugins import resolve_plugins
+
+    resolve_plugins(s.engine)  # a broken plugin or option fails first, before torch and the model
     from schedlab.engine import Engine
     from schedlab.runs.driver import run_workload
     from schedlab.runs.metrics import compute_metrics
@@ -224,7 +228,8 @@ def seed_everything(seed: int) -> None:
 
 
 def _sweep_names() -> tuple[str | None, str | None]:
-    """(W&B group, run name) from Hydra's runtime: a sweep's runs share its directory name."""
+    """(W&B group, run name) from the running Hydra job: a sweep's runs share its directory
+    name."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -248,7 +253,7 @@ def hydra_main(cfg: DictConfig) -> dict[str, Any] | None:
     still run and the command exits non-zero at the end.
     """
     try:
-        return run(cfg)
+        return run(cfg, *_sweep_names())
     except user_errors() as e:
         msg = str(e).strip()
         FAILURES.append(msg)

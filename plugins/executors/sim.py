@@ -94,7 +94,9 @@ class SimExecutor(Executor):
         samples: list[bool] = []
         shape = StepShape.from_plan(plan, samples, self.pad_waste)
         dt = self.cost_model.step_time(shape, self.block_size)
-        self.clock.advance(dt)
+        clock = self.clock
+        assert isinstance(clock, VirtualClock), "the simulator's clock must be a VirtualClock"
+        clock.advance(dt)
         tok = self.placeholder
         sampled: list[int | None] = [tok if s else None for s in samples]
         for i, sr in enumerate(plan.scheduled):
