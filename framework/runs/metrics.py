@@ -17,12 +17,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from schedlab.request import Request, RequestStatus
-from schedlab.runs.driver import RunResult
 from schedlab.runs.groups import (
     group_metrics,
     is_completed,
@@ -32,6 +31,9 @@ from schedlab.runs.groups import (
     since_arrival,
 )
 from schedlab.stats import step_phase_metrics
+
+if TYPE_CHECKING:
+    from schedlab.runs.driver import RunResult
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 _SLO_ITEM = re.compile(r"\s*([a-z0-9_]+)\s*[=:]\s*([0-9.eE+-]+)\s*(?:ms)?\s*")
