@@ -7,7 +7,7 @@ VENV_FLAGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-all lint bench clean
+.PHONY: setup run test test-all lint typecheck check bench clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,12 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+typecheck: $(STAMP)
+	PY=$(PY) .ci/typecheck
+
+# what CI runs (.ci/run): the tests, ruff and mypy
+check: test lint typecheck
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from schedlab import _moved
 from schedlab._lazy import lazy_exports
 from schedlab.request import CompletionOutput, RequestOutput, SamplingParams
-
-_moved.install()  # old paths of modules moved to schedlab.sim / schedlab.runs, with a warning
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Engine", "EngineConfig"]
 __version__ = "0.1.0"

@@ -217,7 +217,7 @@ class AdmissionControl:
         """
         self.running.remove(request)
         pairs = self.kv.swap_out(request) if out is not None else None
-        if pairs is None:
+        if out is None or pairs is None:
             self.kv.free(request)
             request.num_computed_tokens = 0
         else:

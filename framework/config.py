@@ -10,7 +10,13 @@ from typing import Any
 PREEMPTION_MODES = ("recompute", "swap")
 #: tokens per KV block when none is configured: the one source of this default
 DEFAULT_BLOCK_SIZE = 16
+#: the token budget per step when `max_num_batched_tokens` is None (a scheduler that does not
+#: chunk prefills gets at least `max_model_len`): the one source of this default
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEVICES = ("cpu", "cuda")
+#: the dtype names the engine takes, float32 / float16 / bfloat16 then their short names
+#: (`schedlab.model.DTYPES` maps them to torch dtypes; checking them here needs no torch)
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "fp32", "fp16", "bf16")
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
           "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
@@ -135,12 +141,8 @@ class EngineConfig:
             raise ConfigError(
                 f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1]"
             )
-        from schedlab.model import resolve_dtype
-
-        try:
-            resolve_dtype(self.dtype)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        if self.dtype not in DTYPE_NAMES:
+            raise ConfigError(f"dtype={self.dtype!r}; accepted: {', '.join(DTYPE_NAMES)}")
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from schedlab.faults import PluginContractError
 from schedlab.kv_manager import KVCacheManager
+from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
 from schedlab.request import RequestStatus
-from schedlab.scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
+from schedlab.scheduler import Scheduler
 
 
 def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCacheManager,

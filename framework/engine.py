@@ -1,8 +1,7 @@
 """The engine: builds the plugins from a config and runs schedule -> execute -> update.
 
 Building and sizing live in `schedlab.engine_setup`, the checks on a new request in
-`schedlab.intake` and the step records in `schedlab.engine_stats`. Names imported `as`
-themselves are re-exported: they were importable from here before that split.
+`schedlab.intake` and the step records in `schedlab.stats`.
 """
 
 from __future__ import annotations
@@ -13,27 +12,17 @@ from typing import NoReturn
 
 from schedlab import registry
 from schedlab.clock import Clock
-from schedlab.config import ConfigError as ConfigError
 from schedlab.config import EngineConfig
-from schedlab.config import parse_bytes as parse_bytes
 from schedlab.contracts import check_kv_ownership, check_plan
-from schedlab.engine_setup import DEFAULT_KV_MEMORY as DEFAULT_KV_MEMORY
-from schedlab.engine_setup import (
-    build_plugin,
-    check_prefix_cache_fits,
-    num_kv_blocks,
-    num_swap_blocks,
-    scheduler_limits,
-)
-from schedlab.engine_stats import engine_counters, step_stats
+from schedlab.engine_plugins import resolve_plugins
+from schedlab.engine_setup import num_kv_blocks, num_swap_blocks, scheduler_limits
 from schedlab.executor import Executor, ExecutorOutput
 from schedlab.faults import PluginSlot, blame, check_accounted
 from schedlab.intake import prompt_ids, why_invalid
 from schedlab.kv_manager import KVCacheManager
 from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerOutput
-from schedlab.scheduler import SchedulerConfig as SchedulerConfig
-from schedlab.stats import EngineCounters, StepStats
+from schedlab.stats import EngineCounters, StepStats, engine_counters, step_stats
 
 
 class Engine:
@@ -54,45 +43,34 @@ class Engine:
     def __init__(self, config: EngineConfig, executor_cls: type[Executor] | None = None,
                  clock: Clock | None = None) -> None:
         self.config = cfg = config
-        classes = {kind: registry.load(kind, getattr(cfg, kind)) for kind in registry.GROUPS
-                   if not (kind == "executor" and executor_cls is not None)}
-        if executor_cls is not None:
-            classes["executor"] = executor_cls
-        sched_cls, alloc_cls, pc_cls = (classes["scheduler"], classes["kv_allocator"],
-                                        classes["prefix_cache"])
-        self.scheduler_name = registry.describe(cfg.scheduler)
-        check_prefix_cache_fits(cfg, pc_cls, alloc_cls)
-        self.executor: Executor = build_plugin("executor", classes["executor"],
-                                               cfg.executor_options, cfg,
-                                               spec=None if executor_cls else cfg.executor)
+        plugins = resolve_plugins(cfg, executor_cls)  # every load / option error comes first
+        self.scheduler_name = plugins.scheduler.label
+        self.executor: Executor = registry.build(plugins.executor, cfg)
         self.model_spec = self.executor.model_spec
-        limits = scheduler_limits(cfg, sched_cls, self.model_spec, self.scheduler_name)
-        self.max_model_len = max_len = limits.max_model_len
-        self.max_num_batched_tokens = limits.max_num_batched_tokens
+        #: the limits the scheduler plans under (`self.scheduler.config`): stored here only
+        self.limits = limits = scheduler_limits(cfg, plugins.scheduler.cls, self.model_spec,
+                                                self.scheduler_name)
+        max_len = limits.max_model_len
 
         self.kv_spec = self.executor.kv_cache_spec(cfg.block_size)
         self.num_kv_blocks = num_kv_blocks(cfg, self.kv_spec, self.executor, max_len)
         self.executor.initialize_cache(self.num_kv_blocks, cfg.block_size)
-        allocator = build_plugin("kv_allocator", alloc_cls, cfg.kv_allocator_options,
-                                 self.num_kv_blocks, cfg.block_size, max_len,
-                                 spec=cfg.kv_allocator)
-        prefix_cache = build_plugin("prefix_cache", pc_cls, cfg.prefix_cache_options,
-                                    cfg.block_size, spec=cfg.prefix_cache)
-        queue = build_plugin("queue", classes["queue"], cfg.queue_options, spec=cfg.queue)
+        allocator = registry.build(plugins.kv_allocator, self.num_kv_blocks, cfg.block_size,
+                                   max_len)
+        prefix_cache = registry.build(plugins.prefix_cache, cfg.block_size)
+        queue = registry.build(plugins.queue)
         self.num_swap_blocks = num_swap_blocks(cfg, self.kv_spec)
         self.kv = KVCacheManager(allocator, prefix_cache, self.num_swap_blocks)
-        self.scheduler: Scheduler = build_plugin("scheduler", sched_cls, cfg.scheduler_options,
-                                                 limits, self.kv, queue, spec=cfg.scheduler)
+        self.scheduler: Scheduler = registry.build(plugins.scheduler, limits, self.kv, queue)
         #: the plugins whose calls the engine guards, and their names in messages
         self._slots = [
             PluginSlot("scheduler", self.scheduler, self.scheduler_name),
-            PluginSlot("queue", queue, registry.describe(cfg.queue)),
-            PluginSlot("prefix_cache", prefix_cache, registry.describe(cfg.prefix_cache)),
-            PluginSlot("kv_allocator", allocator, registry.describe(cfg.kv_allocator)),
+            PluginSlot("queue", queue, plugins.queue.label),
+            PluginSlot("prefix_cache", prefix_cache, plugins.prefix_cache.label),
+            PluginSlot("kv_allocator", allocator, plugins.kv_allocator.label),
         ]
         #: requests handed to the scheduler that have not ended (checked after every step)
         self._live: dict[str, Request] = {}
-        self._limits = limits
         #: the last step's plan (checked in full by `check_integrity`)
         self.last_plan: SchedulerOutput | None = None
         self.clock: Clock = self.executor.clock
@@ -103,6 +81,16 @@ class Engine:
         self.step_stats: list[StepStats] = []
         self._num_steps = 0
         self._ids = itertools.count()
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence, prompt plus output (`limits.max_model_len`)."""
+        return self.limits.max_model_len
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """The token budget of one step (`limits.max_num_batched_tokens`)."""
+        return self.limits.max_num_batched_tokens
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(
@@ -272,7 +260,7 @@ class Engine:
         except Exception as e:
             self._raise(e, "schedule", step)
         # NOTE: one pass over the plan (limits, tokens, KV held); ownership in check_integrity
-        check_plan(plan, self.scheduler_name, self._limits, self.kv, step)
+        check_plan(plan, self.scheduler_name, self.limits, self.kv, step)
         self.last_plan = plan
         if plan.is_empty:
             self._unstick()

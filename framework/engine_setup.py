@@ -1,54 +1,25 @@
-"""How an `Engine` is put together: plugins built with their options checked, the plugin
-combinations that cannot work, the limits the scheduler plans under, and the KV / swap pool
-sizes. Each function reads the config and raises `ConfigError` naming the value to change."""
+"""How an `Engine` is sized: the limits the scheduler plans under and the KV / swap pool sizes
+(its plugins are loaded and checked first, by `schedlab.engine_plugins`). Each function reads
+the config and raises `ConfigError` naming the value to change."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from schedlab import registry
 from schedlab.attention import KVCacheSpec
-from schedlab.config import ConfigError, EngineConfig, parse_bytes
+from schedlab.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, ConfigError, EngineConfig, parse_bytes
 from schedlab.executor import Executor
 from schedlab.model import ModelSpec
 from schedlab.plan import SchedulerConfig
+from schedlab.scheduler import Scheduler
 
 #: KV pool used when neither num_kv_blocks nor kv_cache_memory is set (and not on a GPU)
 DEFAULT_KV_MEMORY = 1 << 30
 
 
-def build_plugin(kind: str, cls: type, options: dict, *args: Any, spec: object = None) -> Any:
-    """`cls(*args, **options)` for a plugin of `kind`, its options checked first.
-
-    Raises:
-        ConfigError: an option the constructor does not take, or a constructor TypeError
-            (named with the plugin, `spec` where given, and its options).
-    """
-    label = registry.describe(cls if spec is None else spec)
-    registry.check_options(kind, cls, options, label)
-    try:
-        return cls(*args, **options)
-    except TypeError as e:
-        raise ConfigError(f"{kind} {label} could not be built with {kind}_options "
-                          f"{dict(options)}: {e}") from None
-
-
-def check_prefix_cache_fits(cfg: EngineConfig, pc_cls: type, alloc_cls: type) -> None:
-    """Raise ConfigError when the prefix cache needs shared blocks the allocator cannot give."""
-    pc_name, alloc_name = registry.describe(cfg.prefix_cache), registry.describe(
-        cfg.kv_allocator)
-    if pc_cls.requires_sharing and not alloc_cls.supports_sharing:
-        raise ConfigError(
-            f"prefix_cache={pc_name} cannot work with kv_allocator="
-            f"{alloc_name}: a prefix cache shares blocks between requests and "
-            f"{alloc_name} gives each request a private region; use kv_allocator=paged"
-        )
-
-
-def scheduler_limits(cfg: EngineConfig, sched_cls: type, spec: ModelSpec,
+def scheduler_limits(cfg: EngineConfig, sched_cls: type[Scheduler], spec: ModelSpec,
                      scheduler_name: str) -> SchedulerConfig:
     """The limits the scheduler plans under: `max_model_len` (default: the model's) and the
-    token budget (default 2048, or the whole length for a scheduler that does not chunk).
+    token budget (default `DEFAULT_MAX_NUM_BATCHED_TOKENS`, raised to the whole length for a
+    scheduler that does not chunk).
 
     Raises:
         ConfigError: a length past the model's, or a budget a whole prompt cannot fit in.
@@ -61,7 +32,9 @@ def scheduler_limits(cfg: EngineConfig, sched_cls: type, spec: ModelSpec,
         )
     budget = cfg.max_num_batched_tokens
     if budget is None:
-        budget = 2048 if sched_cls.chunks_prefill else max(2048, max_len)
+        budget = DEFAULT_MAX_NUM_BATCHED_TOKENS
+        if not sched_cls.chunks_prefill:
+            budget = max(budget, max_len)
     if not sched_cls.chunks_prefill and budget < max_len:
         raise ConfigError(
             f"max_num_batched_tokens={budget} is smaller than max_model_len={max_len}: "
@@ -90,12 +63,11 @@ def num_kv_blocks(cfg: EngineConfig, kv_spec: KVCacheSpec, executor: Executor,
     if cfg.kv_cache_memory is not None:
         memory = parse_bytes(cfg.kv_cache_memory)
     else:
-        memory = executor.available_kv_memory()
-        if memory is None:
-            # enough for every seat at full length, capped at DEFAULT_KV_MEMORY
-            need = (kv_spec.bytes_for(max_len, cfg.max_num_seqs)
-                    + kv_spec.bytes_per_block)
-            memory = min(DEFAULT_KV_MEMORY, need)
+        offered = executor.available_kv_memory()
+        # else enough for every seat at full length, capped at DEFAULT_KV_MEMORY
+        memory = offered if offered is not None else min(
+            DEFAULT_KV_MEMORY, kv_spec.bytes_for(max_len, cfg.max_num_seqs)
+            + kv_spec.bytes_per_block)
     n = kv_spec.num_blocks_for(memory)
     if n <= 0:
         raise ConfigError(

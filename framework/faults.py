@@ -104,8 +104,9 @@ def blame(exc: BaseException, slots: Iterable[PluginSlot], called: PluginSlot, m
     owner = _owners(frames, slots)
     culprit, fn, loc = called, method, None
     for i in range(len(frames) - 1, -1, -1):
-        if owner[i] is not None:
-            culprit = owner[i]
+        found = owner[i]
+        if found is not None:
+            culprit = found
             frame, line = frames[i]
             loc = _where(frame.f_code.co_filename, line)
             j = i

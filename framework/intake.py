@@ -6,7 +6,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable
 
-from schedlab.kv import KVAllocator
+from schedlab.kv_allocator import KVAllocator
 from schedlab.request import Request
 
 
@@ -20,7 +20,7 @@ def prompt_ids(prompt_token_ids: Iterable[object]) -> list:
     are left for `why_invalid` to name)."""
     ids = list(prompt_token_ids)
     if all(is_token_id(t) for t in ids):
-        ids = [int(t) for t in ids]  # numpy / torch integers become plain ints
+        return [int(t) for t in ids if isinstance(t, numbers.Integral)]  # numpy / torch ints
     return ids
 
 

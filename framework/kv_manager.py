@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from schedlab.faults import PluginFault
-from schedlab.kv import KVAllocator, KVUsage
+from schedlab.kv_allocator import KVAllocator, KVUsage
 from schedlab.prefix_cache import PrefixCache, PrefixMatch
 from schedlab.request import Request
 

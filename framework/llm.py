@@ -45,13 +45,13 @@ class LLM:
                  metadata: dict[str, Sequence[Any] | None]) -> _Batch:
         """Token ids, sampling parameters, ids and metadata per prompt (no state change but
         the id counter)."""
-        if hasattr(prompts, "tolist"):  # a numpy array or tensor of token ids
-            prompts = prompts.tolist()
-        if isinstance(prompts, str) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], numbers.Integral)
+        # a numpy array or tensor of token ids becomes a list
+        raw: Any = prompts.tolist() if hasattr(prompts, "tolist") else prompts
+        if isinstance(raw, str) or (
+            isinstance(raw, Sequence) and raw and isinstance(raw[0], numbers.Integral)
         ):
-            prompts = [prompts]
-        prompts = list(prompts)
+            raw = [raw]
+        prompts = list(raw)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
         elif isinstance(sampling_params, Sequence) and all(
@@ -78,9 +78,8 @@ class LLM:
                 ids = self.tokenizer.encode(prompt, add_special_tokens=False)
                 text = prompt
             else:
-                if hasattr(prompt, "tolist"):
-                    prompt = prompt.tolist()
-                ids, text = list(prompt), None
+                ids = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)
+                text = None
             meta = {key: values[k] for key, values in metadata.items() if values is not None}
             if meta.get("priority") is None:
                 meta.pop("priority", None)

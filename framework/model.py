@@ -8,10 +8,11 @@ from typing import Any
 
 import torch
 
+from schedlab.config import DTYPE_NAMES
+
 ATTN_IMPLEMENTATION = "schedlab"
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16, torch.bfloat16) * 2, strict=True))
 
 
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype:

@@ -10,7 +10,8 @@ from schedlab.request import Request
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Limits every scheduler respects.
+    """Limits every scheduler respects, made by the engine from its config (which holds the
+    defaults).
 
     Args:
         max_num_seqs: the most requests running at once.
@@ -22,10 +23,10 @@ class SchedulerConfig:
     pool (`KVCacheManager.num_swap_blocks`, 0 in recompute mode).
     """
 
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 2048
-    long_prefill_threshold: int = 0
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    long_prefill_threshold: int
 
 
 @dataclass(slots=True)
@@ -60,11 +61,6 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         """Tokens in the step: the sum of `num_new_tokens`, derived from the plan."""
         return sum(s.num_new_tokens for s in self.scheduled)
-
-    @num_batched_tokens.setter
-    def num_batched_tokens(self, value: int) -> None:
-        """Ignored: the count is derived from `scheduled` (plugins written when it had to be
-        set keep working)."""
 
     @property
     def swap_in(self) -> list[tuple[int, int]]:

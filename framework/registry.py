@@ -7,6 +7,8 @@ Wherever a plugin is named, three spellings work: a registered name (`"fcfs"`), 
 does) and, from Python, the class itself. Every class is checked when it is loaded: it
 subclasses the interface, implements its abstract methods and takes the arguments the engine
 passes; each failure is one sentence naming where the class came from and what is missing.
+`resolve` checks a plugin's options (`schedlab.plugin_options`) and `build` makes every plugin
+instance, whatever its kind.
 """
 
 from __future__ import annotations
@@ -15,10 +17,15 @@ import importlib
 import inspect
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
+
+from schedlab import plugin_options
+from schedlab.config import ConfigError
+from schedlab.plugin_options import OptionSpec
 
 #: interface name -> entry-point group
 GROUPS: dict[str, str] = {
@@ -40,7 +47,7 @@ CLUSTER_GROUPS: dict[str, str] = {
 INTERFACES: dict[str, str] = {
     "scheduler": "schedlab.scheduler:Scheduler",
     "queue": "schedlab.queue:RequestQueue",
-    "kv_allocator": "schedlab.kv:KVAllocator",
+    "kv_allocator": "schedlab.kv_allocator:KVAllocator",
     "prefix_cache": "schedlab.prefix_cache:PrefixCache",
     "attention": "schedlab.attention:AttentionBackend",
     "executor": "schedlab.executor:Executor",
@@ -230,75 +237,73 @@ def check_class(kind: str, cls: Any, where: str) -> None:
     positional = POSITIONAL.get(kind)
     if positional is None:
         return
+    typed = plugin_options.options_class(cls) is not None
     try:
-        inspect.signature(cls).bind(*positional)
+        inspect.signature(cls).bind(*positional, **({"options": None} if typed else {}))
     except TypeError as e:
+        then = ("then its Options as the keyword `options`" if typed
+                else "then options as keywords")
         raise PluginError(f"{kind} {where} has a constructor that cannot take the engine's "
-                          f"arguments ({', '.join(positional) or 'none'}, then options as "
-                          f"keywords): {e}") from None
+                          f"arguments ({', '.join(positional) or 'none'}, {then}): {e}") from None
     except ValueError:  # no signature (a C type): nothing to check
         return
 
 
-def accepted_options(kind: str, cls: type) -> tuple[list[str], bool]:
-    """The keyword options a plugin's constructor accepts, from its signature (and its bases'
-    when it passes `**options` on). No state change.
+@dataclass(frozen=True, slots=True)
+class Plugin:
+    """A plugin class loaded and its options checked: what `build` makes an instance of.
+
+    Attributes:
+        kind: the interface.
+        cls: the class.
+        label: how messages name it (`'fcfs'`, `'my_module:MyQueue'`).
+        kwargs: the keyword arguments it is built with (for typed options, `options=`).
+    """
+
+    kind: str
+    cls: type[Any]
+    label: str
+    kwargs: dict[str, Any]
+
+
+def option_specs(kind: str, cls: type) -> tuple[list[OptionSpec], bool]:
+    """The options a `kind` plugin class takes, typed or read from its constructor. No state
+    change.
 
     Returns:
-        (option names, whether any name is accepted: a `**kwargs` that goes nowhere checked).
+        (the options, whether any name is accepted: a `**kwargs` that goes nowhere checked).
     """
-    base = interface(kind)
-    num_positional = len(POSITIONAL.get(kind, ()))
-    names: list[str] = []
-    passed_on = False  # a subclass took `**kwargs`: perhaps to read them itself
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        if klass is object:
-            return names, passed_on
-        try:
-            params = list(inspect.signature(init).parameters.values())[1:]  # drop self
-        except (TypeError, ValueError):
-            return names, True
-        positional = 0
-        var_keyword = False
-        for p in params:
-            if p.kind is p.VAR_KEYWORD:
-                var_keyword = True
-            elif p.kind is p.POSITIONAL_ONLY or (
-                    p.kind is p.POSITIONAL_OR_KEYWORD and positional < num_positional):
-                positional += 1
-            elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names:
-                names.append(p.name)
-        if klass is base and var_keyword:
-            # NOTE: the interfaces' own `**options` (queue, prefix cache) only refuse options
-            return names, False
-        if not var_keyword:
-            return names, passed_on
-        passed_on = True
-    return names, True
+    return plugin_options.option_specs(cls, len(POSITIONAL.get(kind, ())), interface(kind))
 
 
-def check_options(kind: str, cls: type, options: dict[str, Any], label: str) -> None:
-    """Refuse options the plugin's constructor does not take. No state change.
+def resolve(kind: str, spec: str | type, options: Mapping[str, Any] | None = None) -> Plugin:
+    """Load a plugin (see `load`) and check its options, building nothing. No state change.
 
     Raises:
-        ConfigError: names the first unknown option and the accepted ones ("takes no options"
-            only when it takes none).
+        PluginError: as `load`.
+        ConfigError: an option it does not take, or a value its typed options refuse.
     """
-    from schedlab.config import ConfigError
+    cls = load(kind, spec)
+    label = describe(spec)
+    kwargs = plugin_options.constructor_options(kind, cls, dict(options or {}), label,
+                                                len(POSITIONAL.get(kind, ())), interface(kind))
+    return Plugin(kind, cls, label, kwargs)
 
-    names, open_ = accepted_options(kind, cls)
-    if open_:
-        return
-    unknown = [k for k in options if k not in names]
-    if not unknown:
-        return
-    accepted = (f"accepted options: {', '.join(names)}" if names
-                else f"{cls.__qualname__} takes no options")
-    raise ConfigError(f"{kind} {label} has no option {unknown[0]!r} "
-                      f"({kind}_options / {kind}.options); {accepted}")
+
+def build(plugin: Plugin, *args: Any) -> Any:
+    """An instance of a resolved plugin, built with the engine's positional `args`: the one
+    place any plugin is constructed.
+
+    Raises:
+        ConfigError: the constructor raised TypeError or ValueError (named with the plugin and
+            its options).
+    """
+    try:
+        return plugin.cls(*args, **plugin.kwargs)
+    except (TypeError, ValueError) as e:
+        given = plugin.kwargs.get("options", plugin.kwargs)
+        raise ConfigError(f"{plugin.kind} {plugin.label} could not be built with "
+                          f"{plugin.kind}_options {given}: {e}") from None
 
 
 def refresh() -> None:

@@ -56,9 +56,9 @@ def _generator(r: Request, device: torch.device) -> torch.Generator | None:
     seed = r.sampling_params.seed
     if seed is None:
         return None
-    g = r.generator
-    if g is None:
-        g = torch.Generator(device=device)
-        g.manual_seed(seed)
-        r.generator = g
+    if isinstance(r.generator, torch.Generator):
+        return r.generator
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    r.generator = g
     return g

@@ -14,11 +14,8 @@ from collections.abc import Sequence
 
 from schedlab.admission import AdmissionControl
 from schedlab.faults import PluginFault
-from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
+from schedlab.plan import SchedulerOutput
 from schedlab.request import Request, RequestStatus
-
-# NOTE: the plan types live in schedlab.plan; importing them from here stays supported.
-__all__ = ["Scheduler", "SchedulerConfig", "ScheduledRequest", "SchedulerOutput"]
 
 
 class Scheduler(AdmissionControl, ABC):

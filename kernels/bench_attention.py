@@ -207,7 +207,7 @@ def sweep_splits(device: torch.device, dtype: torch.dtype, max_tokens: int) -> N
             times = {n: ms(partial(run, num_splits=n)) for n in SWEEP_SPLITS}
             default = default_num_splits(batch * KV_HEADS, ctx, device)
             t_def = ms(run)
-            best = min(times, key=times.get)
+            best = min(times, key=times.__getitem__)
             cells = " | ".join(f"{times[n]:.3f}" for n in SWEEP_SPLITS)
             print(f"| {batch} | {ctx} | {cells} | {best} | {default}* {t_def:.3f} "
                   f"| {t_def / times[best]:.2f} |")

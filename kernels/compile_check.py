@@ -25,8 +25,9 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -162,7 +163,8 @@ def compiling_for(arch: int) -> Iterator[list]:
         yield sink
 
 
-def launches(shape: Shape, dtype: torch.dtype, tiles=None) -> Iterator[tuple[str, object]]:
+def launches(shape: Shape, dtype: torch.dtype,
+             tiles=None) -> Iterator[tuple[str, Callable[[], object]]]:
     """(case name, thunk calling a launcher) for every kernel variant the engine launches."""
     from schedlab.kernels.decode_attention import paged_decode
     from schedlab.kernels.prefill_attention import paged_prefill
@@ -186,8 +188,8 @@ def launches(shape: Shape, dtype: torch.dtype, tiles=None) -> Iterator[tuple[str
         label = f"prefill chunk={chunk}" + (
             f" tiles={tiles.block_m},{tiles.block_n},{tiles.num_warps},{tiles.num_stages}"
             if tiles else "")
-        yield label, lambda rows=rows, starts=starts, chunk=chunk: paged_prefill(
-            rows, kc, vc, tables, lens, starts, 0.1, chunk, tiles=tiles)
+        yield label, partial(paged_prefill, rows, kc, vc, tables, lens, starts, 0.1, chunk,
+                             tiles=tiles)
 
 
 def check(arch: int, shapes=SHAPES, dtypes=tuple(DTYPES), tiles=None,

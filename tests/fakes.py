@@ -7,7 +7,7 @@ from schedlab.clock import VirtualClock
 from schedlab.config import EngineConfig
 from schedlab.executor import Executor, ExecutorOutput
 from schedlab.model import ModelSpec
-from schedlab.scheduler import SchedulerOutput
+from schedlab.plan import SchedulerOutput
 
 FAKE_SPEC = ModelSpec(
     architecture="FakeForCausalLM", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,

@@ -1,6 +1,7 @@
 """The `schedlab` command: runs, sweeps, W&B files, a third-party plugin, bad configurations.
 
-A few subprocess calls (each pays for importing torch); the rest runs in-process.
+One subprocess smoke per command (each pays for importing torch and transformers); the rest
+calls the command's `main` in this process, which runs the same Hydra code path.
 """
 
 from __future__ import annotations
@@ -43,6 +44,24 @@ def schedlab(args: list[str], cwd: Path, cache: Path, pythonpath: str | None = N
         env["PYTHONPATH"] = pythonpath
     return subprocess.run([*SCHEDLAB, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """`schedlab ARGS` in this process: (exit status, stdout, stderr)."""
+    try:
+        rc = main(args)
+    except SystemExit as e:  # Hydra exits by itself on overrides it cannot compose
+        rc = e.code if isinstance(e.code, int) else 1
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture
+def in_process(cache, monkeypatch):
+    """The environment `schedlab()` gives its subprocess, for `cli()`."""
+    monkeypatch.setenv("SCHEDLAB_CACHE", str(cache))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
 
 
 def _ok(p: subprocess.CompletedProcess) -> None:
@@ -120,11 +139,11 @@ def test_run_writes_results_and_plots(tmp_path, cache):
     assert not (run_dir / "wandb").exists(), "logger=none must not open W&B"
 
 
-def test_multirun_grid_with_wandb(tmp_path, cache):
+def test_multirun_grid_with_wandb(tmp_path, in_process, capsys):
     sweep = tmp_path / "sweep"
-    p = schedlab(["run", "-m", "scheduler=static,continuous", "kv_allocator=paged,contiguous",
-                  *SMALL, "plots=false", f"hydra.sweep.dir={sweep}"], tmp_path, cache)
-    _ok(p)
+    rc, _, err = cli(["run", "-m", "scheduler=static,continuous", "kv_allocator=paged,contiguous",
+                      *SMALL, "plots=false", f"hydra.sweep.dir={sweep}"], capsys)
+    assert rc == 0, err
     jobs = sorted(d for d in sweep.iterdir() if d.is_dir() and d.name.isdigit())
     assert [d.name for d in jobs] == ["0", "1", "2", "3"]
     combos, groups = set(), set()
@@ -182,14 +201,14 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_configuration_fails_cleanly(case, tmp_path, cache):
+def test_bad_configuration_fails_cleanly(case, tmp_path, in_process, capsys):
     overrides, expected = BAD[case]
-    p = schedlab(["run", *overrides, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"],
-                 tmp_path, cache)
-    assert p.returncode != 0
-    assert "Traceback" not in p.stderr, p.stderr
+    rc, _, err = cli(["run", *overrides, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"],
+                     capsys)
+    assert rc != 0
+    assert "Traceback" not in err, err
     for text in expected:
-        assert text in p.stderr, f"{text!r} not in:\n{p.stderr}"
+        assert text in err, f"{text!r} not in:\n{err}"
     assert not (tmp_path / "run" / "results.json").exists()
 
 
@@ -256,7 +275,7 @@ def test_run_in_process_returns_metrics(tmp_path, llama_dir):
     assert saved["completed"] == 3 and saved["config"]["model"]["path"] == llama_dir
 
 
-def test_missing_hardware_is_one_sentence(tmp_path, cache, monkeypatch):
+def test_missing_hardware_is_one_sentence(tmp_path, in_process, monkeypatch, capsys):
     """attention=triton on a CPU without the interpreter, or device=cuda without a GPU: the
     engine cannot start; the command says why in one line, exit 2, no traceback."""
     import torch
@@ -268,8 +287,8 @@ def test_missing_hardware_is_one_sentence(tmp_path, cache, monkeypatch):
         (["attention=triton"], "set TRITON_INTERPRET=1 before starting"),
         (["engine.device=cuda"], "torch sees no CUDA device"),
     ):
-        p = schedlab(["run", *overrides, *SMALL, "logger=none", "plots=false",
-                      f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, cache)
-        assert p.returncode == 2, p.stderr
-        assert "Traceback" not in p.stderr and expected in p.stderr, p.stderr
+        rc, _, err = cli(["run", *overrides, *SMALL, "logger=none", "plots=false",
+                          f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+        assert rc == 2, err
+        assert "Traceback" not in err and expected in err, err
         assert not (tmp_path / "run" / "results.json").exists()

@@ -14,8 +14,8 @@ from schedlab.cluster import Cluster, ClusterConfig
 from schedlab.config import ConfigError, EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import RequestStatus
+from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.driver import run_workload
-from schedlab.runs.workload import WorkloadRequest
 
 
 def _wl(n: int, prompt: int = 100, out: int = 8, gap: float = 0.0, seed: int = 0):

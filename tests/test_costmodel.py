@@ -10,8 +10,8 @@ import pytest
 
 from schedlab.config import DEFAULT_BLOCK_SIZE as BS
 from schedlab.model import ModelSpec
+from schedlab.plan import ScheduledRequest, SchedulerOutput
 from schedlab.request import Request, SamplingParams
-from schedlab.scheduler import ScheduledRequest, SchedulerOutput
 from schedlab.sim.costfit import fit_profile, nnls
 from schedlab.sim.costmodel import CostModel, StepShape, decode_pad_waste
 from schedlab.sim.hardware import PRESETS, HardwareProfile, resolve_hardware

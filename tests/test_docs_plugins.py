@@ -38,7 +38,8 @@ def in_examples(monkeypatch):
 def test_the_page_shows_each_example_file_exactly():
     shown = {m["path"]: m["body"] for m in blocks("file")}
     assert set(shown) == {f"tests/fixtures/plugin_examples/{n}.py"
-                          for n in ("decode_first", "lpf_queue", "lfu_cache", "shortest_queue")}
+                          for n in ("decode_first", "lpf_queue", "lfu_cache", "shortest_queue",
+                                    "spf_queue")}
     for path, body in shown.items():
         assert body == (ROOT / path).read_text(), f"docs/plugins.md's copy of {path} is stale"
 

@@ -10,11 +10,12 @@ from fakes import FakeExecutor
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import RequestStatus
+from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.driver import run_workload
 from schedlab.runs.metrics import compute_metrics
 from schedlab.runs.plots import write_plots
 from schedlab.runs.results import collect_environment, format_table, write_results
-from schedlab.runs.workload import WorkloadRequest, build_workload
+from schedlab.runs.workload import build_workload
 
 
 def real_engine(model_dir: str, **kw) -> Engine:

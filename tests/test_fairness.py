@@ -13,12 +13,12 @@ from schedlab import registry
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import Request, RequestStatus, SamplingParams
+from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.driver import run_workload
 from schedlab.runs.groups import jain_index
 from schedlab.runs.metrics import compute_metrics
 from schedlab.runs.report import find_runs, write_report
 from schedlab.runs.results import format_table, write_results
-from schedlab.runs.workload import WorkloadRequest
 
 
 def fake_engine(**kw) -> Engine:

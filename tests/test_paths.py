@@ -284,7 +284,7 @@ def test_an_engine_that_never_progresses_stops_within_the_step_limit(monkeypatch
 
 
 def test_bench_sends_the_request_metadata_as_the_server_reads_it():
-    from schedlab.runs.workload import WorkloadRequest
+    from schedlab.runs.distributions import WorkloadRequest
     from schedlab.serve.bench import BenchOptions, request_body
 
     o = BenchOptions(base_url="http://x")

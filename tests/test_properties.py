@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from schedlab import registry
 from schedlab.config import EngineConfig
 from schedlab.kv_manager import KVCacheManager
+from schedlab.plan import SchedulerConfig, SchedulerOutput
 from schedlab.request import Request, RequestStatus, SamplingParams
-from schedlab.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from schedlab.scheduler import Scheduler
 from schedlab.testing.executor import EOS, VOCAB, CheckingExecutor, reference_output
 
 

@@ -153,7 +153,9 @@ def bound_lpm():
     kv.free(owner)
     q = make("lpm")
     scheduler = registry.load("scheduler", "continuous")
-    from schedlab.scheduler import SchedulerConfig
+    from schedlab.plan import SchedulerConfig
 
-    scheduler(SchedulerConfig(), kv, q)  # the scheduler binds its queue to the KV manager
+    limits = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64,
+                             long_prefill_threshold=0)
+    scheduler(limits, kv, q)  # the scheduler binds its queue to the KV manager
     return q, kv

@@ -13,7 +13,7 @@ from schedlab import registry
 from schedlab.cluster import Cluster, ClusterConfig, InstanceLoad, Router
 from schedlab.config import EngineConfig
 from schedlab.request import Request, RequestStatus, SamplingParams
-from schedlab.runs.workload import WorkloadRequest
+from schedlab.runs.distributions import WorkloadRequest
 
 ROUTERS = registry.available("router")
 

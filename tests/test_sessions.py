@@ -10,9 +10,10 @@ from fakes import FakeExecutor
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import RequestStatus
+from schedlab.runs.distributions import WorkloadError
 from schedlab.runs.driver import run_workload
 from schedlab.runs.sessions import next_turns, session_requests
-from schedlab.runs.workload import WorkloadError, build_workload
+from schedlab.runs.workload import build_workload
 
 SESSIONS = {"type": "sessions", "num_sessions": 4, "turns": 3, "input_len": 6,
             "output_len": 4, "think_time_s": 0.5,

@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from schedlab.runs.traces import text_to_token_ids
-from schedlab.runs.workload import WorkloadError, build_workload
+from schedlab.runs.distributions import WorkloadError
+from schedlab.runs.trace_rows import text_to_token_ids
+from schedlab.runs.workload import build_workload
 
 DATA = Path(__file__).parent / "data"
 VOCAB = 512

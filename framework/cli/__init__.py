@@ -69,15 +69,15 @@ def run_command(overrides: Sequence[str]) -> int:
     """`schedlab run [overrides]`: hand the overrides to Hydra (single run or -m sweep)."""
     from schedlab.cli.checks import prepare_overrides
 
-    overrides = prepare_overrides(overrides)
-    if overrides is None:
+    prepared = prepare_overrides(overrides)
+    if prepared is None:
         return 2
     from schedlab.cli import app
 
     app.FAILURES.clear()
     app.INTERRUPTED.clear()
     saved = sys.argv
-    sys.argv = ["schedlab run", *overrides]
+    sys.argv = ["schedlab run", *prepared]
     try:
         app.hydra_main()
     finally:

@@ -23,7 +23,7 @@ CONFIG_PACKAGE = "pkg://schedlab.conf"
 
 def user_errors() -> tuple[type[Exception], ...]:
     """Exceptions that mean a bad configuration or input, reported without a traceback."""
-    from schedlab.runs.workload import WorkloadError
+    from schedlab.runs.distributions import WorkloadError
 
     return ConfigError, PluginError, WorkloadError, OmegaConfBaseException
 
@@ -34,11 +34,14 @@ FAILURES: list[str] = []
 INTERRUPTED: list[str] = []
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
+def run(cfg: DictConfig, group: str | None = None,
+        run_name: str | None = None) -> dict[str, Any]:
     """Run one configuration: build the engine, drive the workload, write the results.
 
     Args:
         cfg: a composed config (`conf/config.yaml` plus overrides).
+        group, run_name: the W&B group and run name (under Hydra: from its job, see
+            `hydra_main`).
 
     Returns:
         The metrics (vLLM's benchmark keys), as written to `results.json`.
@@ -46,9 +49,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     Raises:
         ConfigError, PluginError, WorkloadError: a bad configuration, before any work starts.
     """
-    group, name = _sweep_names()
-    settings = build_settings(cfg, group=group, run_name=name)
-    return execute(settings)
+    return execute(build_settings(cfg, group=group, run_name=run_name))
 
 
 def execute(s: RunSettings) -> dict[str, Any]:
@@ -56,6 +57,9 @@ def execute(s: RunSettings) -> dict[str, Any]:
     disaggregation, through the one run loop. A cluster's results.json carries each
     instance's counters under `cluster`; steps.csv and W&B get every instance's steps in time
     order."""
+    from schedlab.engine_plugins import resolve_plugins
+
+    resolve_plugins(s.engine)  # a broken plugin or option fails first, before torch and the model
     from schedlab.cluster import Cluster, ClusterConfig
     from schedlab.runs.driver import run_workload
     from schedlab.runs.metrics import compute_metrics
@@ -182,7 +186,8 @@ def seed_everything(seed: int) -> None:
 
 
 def _sweep_names() -> tuple[str | None, str | None]:
-    """(W&B group, run name) from Hydra's runtime: a sweep's runs share its directory name."""
+    """(W&B group, run name) from the running Hydra job: a sweep's runs share its directory
+    name."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -207,7 +212,7 @@ def hydra_main(cfg: DictConfig) -> dict[str, Any] | None:
     non-zero at the end. `HYDRA_FULL_ERROR=1` prints the plugin's traceback before the line.
     """
     try:
-        return run(cfg)
+        return run(cfg, *_sweep_names())
     except user_errors() as e:
         msg = str(e).strip()
         FAILURES.append(msg)

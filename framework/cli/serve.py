@@ -163,8 +163,8 @@ def _usage_error(prog: str, message: str, usage: str) -> int:
 def _hydra(task, prog: str, overrides: list[str], options: Any) -> int:
     from schedlab.cli.checks import prepare_overrides
 
-    overrides = prepare_overrides(overrides)
-    if overrides is None:
+    prepared = prepare_overrides(overrides)
+    if prepared is None:
         return 2
     @hydra.main(version_base="1.3", config_path=CONFIG_PACKAGE, config_name="config")
     def job(cfg: DictConfig) -> None:
@@ -172,7 +172,7 @@ def _hydra(task, prog: str, overrides: list[str], options: Any) -> int:
 
     FAILURES.clear()
     saved = sys.argv
-    sys.argv = [prog, *overrides]
+    sys.argv = [prog, *prepared]
     try:
         job()
     finally:
@@ -217,9 +217,10 @@ def _bench_task(cfg: DictConfig, args: _BenchArgs) -> None:
     """One Hydra job of `schedlab bench serve`."""
     from schedlab.serve.bench import BenchError
 
+    errors: tuple[type[Exception], ...] = (*user_errors(), BenchError)
     try:
         _bench(build_settings(cfg), args)
-    except (*user_errors(), BenchError) as e:
+    except errors as e:
         _report(e)
 
 

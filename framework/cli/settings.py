@@ -40,12 +40,14 @@ class ModelSource:
             return self.path
         if self.preset is not None:
             return self.preset
-        return str(self._tiny_dir())
+        if self.tiny is None:
+            raise ConfigError(f"model={self.name} names no path, preset or tiny recipe")
+        return str(self._tiny_dir(self.tiny))
 
-    def _tiny_dir(self) -> Path:
+    def _tiny_dir(self, tiny: tuple[str, str, int]) -> Path:
         from schedlab.tiny import cache_dir
 
-        family, size, seed = self.tiny
+        family, size, seed = tiny
         root = Path(self.cache_dir).expanduser() if self.cache_dir else cache_dir()
         return root / f"{family}-{size}-s{seed}"
 
@@ -56,7 +58,7 @@ class ModelSource:
         from schedlab.tiny import build_tiny_model
 
         family, size, seed = self.tiny
-        out = self._tiny_dir()
+        out = self._tiny_dir(self.tiny)
         if (out / "schedlab_build.json").is_file():
             build_tiny_model(out, family=family, size=size, seed=seed)  # rebuilds if stale
             return
@@ -100,11 +102,14 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
         ConfigError: a required value (`???`) was not given.
     """
     try:
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as e:
         key = e.full_key or "a value"
         raise ConfigError(f"{key} is required and was not given; set it on the command line, "
                           f"e.g. {key}=...") from None
+    if not isinstance(container, dict):
+        raise ConfigError(f"the composed config is a {type(container).__name__}, not a mapping")
+    return {str(k): v for k, v in container.items()}
 
 
 def build_settings(cfg: DictConfig, group: str | None = None,
@@ -270,7 +275,7 @@ def _mapping(c: dict[str, Any], key: str) -> dict[str, Any]:
         return {}
     if not isinstance(v, Mapping):
         raise ConfigError(f"{key}={v!r} must be a mapping")
-    return v
+    return dict(v)
 
 
 def _is_int(v: Any) -> bool:

@@ -15,7 +15,7 @@ from schedlab.cluster.instance import Instance, Role
 from schedlab.cluster.record import ClusterRunResult, RunRecord
 from schedlab.cluster.router import Router
 from schedlab.cluster.transfer import KVTransfer
-from schedlab.config import ConfigError, EngineConfig
+from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
@@ -29,13 +29,7 @@ def build_router(config: ClusterConfig) -> Router:
         PluginError: an unknown router name.
         ConfigError: options the router does not take, or out of range.
     """
-    cls = registry.load("router", config.router)
-    label = registry.describe(config.router)
-    try:
-        return cls(**config.router_options)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"router {label} could not be built with router options "
-                          f"{dict(config.router_options)}: {e}") from None
+    return registry.build(registry.resolve("router", config.router, config.router_options))
 
 
 class Cluster:
@@ -226,6 +220,7 @@ class Cluster:
         done = inst.take_done()
         for req in done:
             if inst.role is Role.DECODE:
+                assert self.decode_router is not None, "a decode pool comes with its router"
                 self.decode_router.on_finished(req, self.decode.index(inst))
             else:
                 self.router.on_finished(req, self.entry.index(inst))

@@ -125,6 +125,8 @@ def cluster_from_config(cluster: Mapping[str, Any] | None,
         raise ConfigError(f"router.{unknown[0]} is not a key of the router group; accepted: "
                           "name, options")
     name = router.get("name")
+    if not isinstance(name, str):
+        raise ConfigError(f"router.name={name!r} must be a router plugin name")
     if not registry.is_dotted(name) and name not in registry.available("router"):
         installed = ", ".join(registry.available("router")) or "none installed"
         raise registry.PluginError(f"router.name={name!r} is not an installed router plugin; "
@@ -136,5 +138,6 @@ def cluster_from_config(cluster: Mapping[str, Any] | None,
                         **{k: cluster[k] for k in CLUSTER_KEYS if k in cluster})
     if not cfg.disaggregated and cfg.total_instances == 1:
         return None
-    registry.load("router", name)  # a broken router fails now, not after the engines load
+    # a broken router, or options it does not take, fail now, not after the engines load
+    registry.resolve("router", name, cfg.router_options)
     return cfg

@@ -128,15 +128,15 @@ class Instance:
         """Admit arrived KV transfers, then run one engine step. Changes state."""
         self.admit_pending()
         clock = self.engine.clock
-        timed = isinstance(clock, InstanceClock)
-        if timed:
-            clock.resume()
+        timed = clock if isinstance(clock, InstanceClock) else None
+        if timed is not None:
+            timed.resume()
         t0 = clock.now()
         try:
             self.engine.step()
         finally:
-            if timed:
-                clock.pause()
+            if timed is not None:
+                timed.pause()
             self._busy_time += clock.now() - t0
 
     def receive(self, transfer: KVTransfer) -> None:

@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -125,12 +125,13 @@ def diff_metric(metric: str, base: Sequence[float | None], cand: Sequence[float 
     if positive:
         ratio = float(np.exp(np.mean(np.log(c / b))))
     if n >= 2:
-        kw = dict(confidence=confidence, resamples=resamples, method=method, seed=seed)
-        ci = bootstrap_ci(d, statistic, **kw)
+        ci = bootstrap_ci(d, statistic, confidence=confidence, resamples=resamples,
+                          method=method, seed=seed)
         if positive:
-            log_ci = bootstrap_ci(np.log(c / b), "mean", **kw)
+            log_ci = bootstrap_ci(np.log(c / b), "mean", confidence=confidence,
+                                  resamples=resamples, method=method, seed=seed)
             ratio_ci = Interval(math.exp(log_ci.lo), math.exp(log_ci.hi))
-    if n < max(needed, 2):
+    if n < max(needed, 2) or ci is None:
         verdict = TOO_FEW
     else:
         verdict = NOT_SIGNIFICANT if ci.covers(0.0) else SIGNIFICANT
@@ -215,8 +216,6 @@ def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
                                "swept parameters, so a pair cannot be formed; compare one "
                                "sweep at a time")
         cell[s] = r
-    kw = dict(confidence=confidence, resamples=resamples, method=method, statistic=statistic,
-              seed=seed, needed=needed)
     comparisons = []
     for ck in sorted(contexts, key=lambda k: [_order(v) for v in contexts[k].values()]):
         b_cell = cells.get((ck, _key(base)), {})
@@ -227,7 +226,9 @@ def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
             seeds = sorted(set(b_cell) & set(c_cell), key=_order)
             unpaired = sorted(set(b_cell) ^ set(c_cell), key=_order)
             diffs = tuple(diff_metric(m, [b_cell[s].metrics.get(m) for s in seeds],
-                                      [c_cell[s].metrics.get(m) for s in seeds], **kw)
+                                      [c_cell[s].metrics.get(m) for s in seeds],
+                                      confidence=confidence, resamples=resamples, method=method,
+                                      statistic=statistic, seed=seed, needed=needed)
                           for m in metrics)
             comparisons.append(Comparison(value, contexts[ck], tuple(seeds), tuple(unpaired),
                                           diffs))
@@ -287,7 +288,7 @@ def _match(arg: Any, values: Sequence[Any], by: str) -> Any:
                        f"{', '.join(_text(v) for v in values)}")
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: Any) -> TypeGuard[float]:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 

@@ -233,8 +233,15 @@ def percentile_keys(name: str, values_ms: np.ndarray, percentiles: Sequence[floa
     return out
 
 
+def since_arrival(r: Request, t: float | None) -> float:
+    """Seconds from the request's arrival to `t`, one of its timestamps that a completed
+    request has (first scheduled, first token, finished)."""
+    assert t is not None, f"request {r.request_id} lacks a timestamp a completed one has"
+    return t - r.metrics.arrival_time
+
+
 def _ttft(r: Request) -> float:
-    return r.metrics.first_token_time - r.metrics.arrival_time
+    return since_arrival(r, r.metrics.first_token_time)
 
 
 def _met_deadline(r: Request) -> bool:
@@ -248,7 +255,7 @@ def meets_slo(r: Request, slo: Mapping[str, float]) -> bool:
     NOTE: as in vLLM, a one-token request has TPOT 0 for goodput.
     """
     ttft = _ttft(r)
-    e2el = r.metrics.finished_time - r.metrics.arrival_time
+    e2el = since_arrival(r, r.metrics.finished_time)
     tpot = (e2el - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else 0.0
     got = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
     return all(got[k] * 1000.0 <= limit for k, limit in slo.items())
@@ -281,7 +288,7 @@ def _group(reqs: list[Request], duration: float, percentiles: Sequence[float],
                                 if deadlines else None),
     }
     ttfts = [_ttft(r) for r in done]
-    tpots = [(r.metrics.finished_time - r.metrics.first_token_time) / (r.num_output_tokens - 1)
+    tpots = [(since_arrival(r, r.metrics.finished_time) - _ttft(r)) / (r.num_output_tokens - 1)
              for r in done if r.num_output_tokens > 1]
     for name, xs in (("ttft", ttfts), ("tpot", tpots)):
         a = np.asarray(xs if xs else [0.0]) * 1000.0

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,9 +32,13 @@ from schedlab.runs.groups import (
     meets_slo,
     per_second,
     percentile_keys,
+    since_arrival,
 )
 from schedlab.runs.run_result import RunResult
 from schedlab.stats import step_phase_metrics
+
+if TYPE_CHECKING:
+    from schedlab.runs.driver import RunResult
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 _SLO_ITEM = re.compile(r"\s*([a-z0-9_]+)\s*[=:]\s*([0-9.eE+-]+)\s*(?:ms)?\s*")
@@ -94,14 +98,14 @@ def compute_metrics(
     done = [r for r in run.requests if is_completed(r)]
     rejected = [r for r in run.requests if r.status is RequestStatus.REJECTED]
     dur = run.duration_s
-    ttfts = [r.metrics.first_token_time - r.metrics.arrival_time for r in done]
-    e2els = [r.metrics.finished_time - r.metrics.arrival_time for r in done]
+    ttfts = [since_arrival(r, r.metrics.first_token_time) for r in done]
+    e2els = [since_arrival(r, r.metrics.finished_time) for r in done]
     tpots: list[float | None] = [
         (e2el - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else None
         for r, ttft, e2el in zip(done, ttfts, e2els, strict=True)
     ]
     itls = [np.diff(r.metrics.token_times).tolist() for r in done]
-    queue = [r.metrics.first_scheduled_time - r.metrics.arrival_time for r in done]
+    queue = [since_arrival(r, r.metrics.first_scheduled_time) for r in done]
     input_lens = [r.num_prompt_tokens for r in done]
     output_lens = [r.num_output_tokens for r in done]
     total_in, total_out = sum(input_lens), sum(output_lens)

@@ -41,8 +41,8 @@ def read_csv(path: Path, fmt: str, vocab_size: int, rng: np.random.Generator,
                             f"missing column(s) {missing} for format={fmt}; found {header}")
         idx = [header.index(c) for c in cols]
         model_idx = header.index("Model") if "Model" in header else None
-        extra = {k: header.index(k) for k in ("client_id", "priority", "slo_class",
-                                              "deadline_ms") if k in header}
+        extra: dict[str, int] = {k: header.index(k) for k in (
+            "client_id", "priority", "slo_class", "deadline_ms") if k in header}
         for row in reader:
             line = reader.line_num
             if not any(c.strip() for c in row):

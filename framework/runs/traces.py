@@ -6,13 +6,12 @@ JSONL keys and CSV columns `client_id`, `priority`, `slo_class`, `deadline_ms` a
 present. A ShareGPT file with `sessions: true` is replayed as multi-turn sessions
 (`schedlab.runs.sessions`): each conversation one session, each human message a turn.
 Prompts with a known length only get random token ids (seeded); text is mapped to ids by
-`text_to_token_ids`. Rows that cannot run (0 prompt or 0 output tokens, e.g. BurstGPT's failed
-requests) are skipped; rows that cannot be read raise `WorkloadError` naming the file, the line
-and what is wrong.
+`schedlab.runs.trace_rows.text_to_token_ids`. Rows that cannot run (0 prompt or 0 output
+tokens, e.g. BurstGPT's failed requests) are skipped; rows that cannot be read raise
+`WorkloadError` naming the file, the line and what is wrong.
 
 This module checks the spec and makes arrival times relative; the per-format readers live in
 `schedlab.runs.trace_json` (ShareGPT, JSONL) and `schedlab.runs.trace_csv` (Azure, BurstGPT).
-Names imported `as` themselves are re-exported: they were importable from here before that split.
 """
 
 from __future__ import annotations
@@ -23,15 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from schedlab.runs.distributions import FIRST_TOKEN_ID as FIRST_TOKEN_ID
 from schedlab.runs.distributions import WorkloadError, WorkloadRequest, sample_lengths
-from schedlab.runs.distributions import random_tokens as random_tokens
-from schedlab.runs.distributions import sample_seconds as sample_seconds
-from schedlab.runs.sessions import session_requests as session_requests
 from schedlab.runs.trace_csv import read_csv
 from schedlab.runs.trace_json import read_jsonl, read_sharegpt, read_sharegpt_sessions
 from schedlab.runs.trace_rows import TraceRow
-from schedlab.runs.trace_rows import text_to_token_ids as text_to_token_ids
 
 FORMATS = ("sharegpt", "azure", "burstgpt", "jsonl")
 

@@ -11,12 +11,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from schedlab.config import ConfigError
 from schedlab.stats import StepStats
 
-WANDB_MODES = ("offline", "online", "disabled")
+WandbMode = Literal["offline", "online", "disabled"]
+WANDB_MODES: tuple[WandbMode, ...] = ("offline", "online", "disabled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,7 @@ class WandbTracker(Tracker):
             tags=list(cfg.tags) or None,
             config=config,
             dir=str(run_dir),
-            mode=cfg.mode,
+            mode=next(m for m in WANDB_MODES if m == cfg.mode),  # checked in TrackingConfig
             reinit="finish_previous",
             settings=wandb.Settings(console="off", silent=True, disable_git=True,
                                     x_disable_stats=True),
@@ -142,7 +143,8 @@ class WandbTracker(Tracker):
             table = request_table(metrics)
             if table is not None:
                 columns, rows = table
-                self.run.log({"requests": self._wandb.Table(columns=columns, data=rows)})
+                names: list[str | int] = list(columns)
+                self.run.log({"requests": self._wandb.Table(columns=names, data=rows)})
         self.run.finish(exit_code=1 if failed else 0)
 
 

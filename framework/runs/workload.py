@@ -39,12 +39,9 @@ from typing import Any
 import numpy as np
 
 from schedlab.runs.distributions import (
-    DISTRIBUTIONS,
     FIRST_TOKEN_ID,
-    PROCESSES,
     WorkloadError,
     WorkloadRequest,
-    arrival_times,
     get_int,
     get_key,
     get_pos,
@@ -54,10 +51,6 @@ from schedlab.runs.distributions import (
 )
 from schedlab.runs.sessions import build_sessions
 from schedlab.runs.traces import load_trace
-
-__all__ = ["TYPES", "DISTRIBUTIONS", "PROCESSES", "FIRST_TOKEN_ID", "WorkloadError",
-           "WorkloadRequest", "arrival_times", "build_workload", "random_tokens",
-           "sample_lengths"]
 
 TYPES = ("synthetic", "shared_prefix", "trace", "sessions")
 

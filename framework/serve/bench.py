@@ -103,10 +103,12 @@ async def _run(workload: list[WorkloadRequest], o: BenchOptions, model: str) -> 
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         start = time.perf_counter()
 
-        async def one(i: int, prompt: list[int], release_s: float) -> None:
-            """Send request `i` at `release_s` after the start, then its session's next turn
-            (as the run loop does: after the answer + think time, with the history)."""
-            while i is not None:
+        async def one(first: int, prompt: list[int], release_s: float) -> None:
+            """Send request `first` at `release_s` after the start, then its session's next
+            turn (as the run loop does: after the answer + think time, with the history)."""
+            turn: int | None = first
+            while turn is not None:
+                i = turn
                 delay = start + release_s - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -123,8 +125,10 @@ async def _run(workload: list[WorkloadRequest], o: BenchOptions, model: str) -> 
                 if j is not None:
                     w = workload[j]
                     prompt = prompt + answer + list(w.prompt_token_ids)
-                    release_s = req.metrics.finished_time - start + w.think_time_s
-                i = j
+                    finished = req.metrics.finished_time
+                    done_s = (finished if finished is not None else time.perf_counter()) - start
+                    release_s = done_s + w.think_time_s
+                turn = j
 
         try:
             await asyncio.gather(*(one(i, list(w.prompt_token_ids), w.arrival_s)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from schedlab.config import DEFAULT_BLOCK_SIZE
 from schedlab.sim.costfit import PARAMS, FitResult, fit_profile
@@ -170,8 +171,8 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
     spec = load_config_dir(model_dir).spec
     grid = list(grid or default_grid(max_model_len or spec.max_position_embeddings))
     base = base_profile(device, hardware, dtype, attention, Path(model_dir).name)
-    opts = dict(device=device, dtype=dtype, attention=attention, enforce_eager=enforce_eager,
-                max_model_len=max_model_len)
+    opts: dict[str, Any] = dict(device=device, dtype=dtype, attention=attention,
+                                enforce_eager=enforce_eager, max_model_len=max_model_len)
     t0 = time.perf_counter()
     times = measure_torch(model_dir, grid, repeats, block_size=block_size, clock=clock, **opts)
     gc.collect()  # the measured executor's model and cache go before the engine's come

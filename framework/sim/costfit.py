@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +88,8 @@ def fit_profile(spec: ModelSpec, base: HardwareProfile, shapes: Sequence[StepSha
             if done:
                 break
         fitted = dict(zip(PARAMS, [*(1 / inv), *x[_NUM_EFF:]], strict=True))
-        prof = replace(base, **{k: float(v) for k, v in fitted.items()})
+        fields: dict[str, Any] = {k: float(v) for k, v in fitted.items()}
+        prof = replace(base, **fields)
         model = CostModel(spec, prof, dtype_bytes, tp)
         pred = np.array([model.step_time(s, block_size) for s in shapes])
         res = FitResult(prof, tuple(float(e) for e in (pred - t) / t))

@@ -17,7 +17,7 @@ from schedlab.plan import SchedulerOutput
 from schedlab.sim.hardware import HardwareProfile
 
 
-def decode_pad_waste(attention: str = "sdpa",
+def decode_pad_waste(attention: str | type = "sdpa",
                      options: Mapping[str, Any] | None = None) -> float | None:
     """The decode padding the attention backend `attention` declares (its class attribute
     `decode_pad_waste`, or the `decode_pad_waste` of its options), read through the registry:

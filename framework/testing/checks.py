@@ -97,13 +97,13 @@ def check_plugin(kind: str, spec: str | type, options: dict[str, Any] | None = N
     add("load", True, f"{what}implements every abstract method, constructor takes "
         f"({', '.join(registry.POSITIONAL.get(kind, ()))})")
     try:
-        registry.check_options(kind, cls, dict(options or {}), label)
-        names, open_ = registry.accepted_options(kind, cls)
+        registry.resolve(kind, spec, options)
+        specs, open_ = registry.option_specs(kind, cls)
     except Exception as e:  # noqa: BLE001
         add("options", False, _why(e))
         return out
     add("options", True, "accepts any options" if open_ else
-        f"accepts {', '.join(names)}" if names else "takes no options")
+        f"accepts {'; '.join(map(str, specs))}" if specs else "takes no options")
     contract = CONTRACTS.get(kind)
     if contract is not None:
         try:

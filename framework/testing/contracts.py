@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schedlab import registry
 from schedlab.kv_manager import KVCacheManager
+from schedlab.prefix_cache import PrefixCache
 from schedlab.request import Request, SamplingParams
+
+if TYPE_CHECKING:
+    from schedlab.attention import AttentionBackend
 
 
 def _req(i: int, n: int = 10, max_tokens: int = 5, priority: int = 0) -> Request:
@@ -23,7 +27,7 @@ def _req(i: int, n: int = 10, max_tokens: int = 5, priority: int = 0) -> Request
 
 def queue_contract(cls: type, options: dict[str, Any] | None = None) -> None:
     """add / peek / pop / prepend / remove / len / iter agree, and nothing is lost."""
-    q = cls(**(options or {}))
+    q = registry.build(registry.resolve("queue", cls, options))
     rng = random.Random(0)
     reqs = [_req(i, n=rng.randint(1, 30), priority=rng.randint(0, 3)) for i in range(20)]
     for r in reqs:
@@ -57,7 +61,7 @@ def queue_contract(cls: type, options: dict[str, Any] | None = None) -> None:
 def allocator_contract(cls: type, options: dict[str, Any] | None = None) -> None:
     """Random allocate / grow / free: tables cover the tokens, no block owned twice, the pool
     adds up and comes back whole."""
-    alloc = cls(64, 4, 32, **(options or {}))
+    alloc = registry.build(registry.resolve("kv_allocator", cls, options), 64, 4, 32)
     rng = random.Random(1)
     live: list[Request] = []
     for i in range(200):
@@ -98,12 +102,12 @@ def allocator_contract(cls: type, options: dict[str, Any] | None = None) -> None
     assert alloc.num_free_blocks() == 64, "blocks leaked after every request was freed"
 
 
-def prefix_cache_contract(cls: type, options: dict[str, Any] | None = None) -> None:
+def prefix_cache_contract(cls: type[PrefixCache], options: dict[str, Any] | None = None) -> None:
     """Freed full blocks stay cached and match; match changes nothing; a full pool evicts."""
-    opts = options or {}
+    cache = registry.resolve("prefix_cache", cls, options)
     alloc_name = "paged" if cls.requires_sharing else "contiguous"
     alloc = registry.load("kv_allocator", alloc_name)(32, 4, 64)
-    kv = KVCacheManager(alloc, cls(4, **opts))
+    kv = KVCacheManager(alloc, registry.build(cache, 4))
     tokens = list(range(10, 30))  # 5 full blocks
     a = Request("a", tokens, SamplingParams(max_tokens=4))
     kv.allocate(a, len(tokens))
@@ -121,11 +125,11 @@ def prefix_cache_contract(cls: type, options: dict[str, Any] | None = None) -> N
         assert m.num_tokens == 0, "a cache with caches=False matched"
     if kv.prefix_cache is not None:
         pc = kv.prefix_cache
-        probe = cls(4, **opts)  # a fresh cache: two sequences, then lookups only
+        probe = registry.build(cache, 4)  # a fresh cache: two sequences, then lookups only
         probe.insert(tokens[:8], [0, 1])
         probe.insert(list(range(40, 48)), [2, 3])
         first = probe.evict(1, lambda blk: True)
-        probe2 = cls(4, **opts)
+        probe2 = registry.build(cache, 4)
         probe2.insert(tokens[:8], [0, 1])
         probe2.insert(list(range(40, 48)), [2, 3])
         for _ in range(5):
@@ -149,7 +153,7 @@ def prefix_cache_contract(cls: type, options: dict[str, Any] | None = None) -> N
     assert kv.usage().used_blocks == 0, "blocks still in use after every request was freed"
 
 
-def attention_contract(cls: type, options: dict[str, Any] | None = None) -> None:
+def attention_contract(cls: type[AttentionBackend], options: dict[str, Any] | None = None) -> None:
     """Decodes, a fresh prefill and a chunk over earlier context: output equals dense
     attention, and the new K/V land in the cache. Raises RuntimeError (skip) when the backend
     is not available on the CPU."""
@@ -162,7 +166,7 @@ def attention_contract(cls: type, options: dict[str, Any] | None = None) -> None
     H, Hkv, D, bs = 4, 2, 16, 4
     spec = KVCacheSpec(num_layers=1, num_kv_heads=Hkv, head_dim=D, dtype=torch.float32,
                        block_size=bs)
-    backend = cls(spec, 40, "cpu", **(options or {}))
+    backend = registry.build(registry.resolve("attention", cls, options), spec, 40, "cpu")
     q_lens, ctx_lens = [1, 1, 7, 5], [9, 3, 7, 14]
     tables = [[5, 2, 30], [11], [1, 0], [20, 21, 3, 39]]
     k_ctx = [torch.randn(c, Hkv, D) for c in ctx_lens]

@@ -118,5 +118,7 @@ class CheckingExecutor(Executor):
                         f"(block {s.block_ids[p // bs]}), expected {(want[p], p)}: its KV was "
                         "lost, overwritten or never computed")
             sampled.append(next_token(want) if s.samples else None)
-        self.clock.advance(1e-3)
+        clock = self.clock
+        assert isinstance(clock, VirtualClock), "a model-free executor runs on a VirtualClock"
+        clock.advance(1e-3)
         return ExecutorOutput(sampled, 1e-3)

@@ -24,6 +24,8 @@ RUN_KINDS = ("scheduler", "queue", "kv_allocator", "prefix_cache", "router")
 
 BLOCK_SIZE = 4
 MAX_MODEL_LEN = 48
+#: the checked runs' token budget for a scheduler that chunks prefills (a third of a sequence)
+TIGHT_BUDGET = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +69,8 @@ def engine_config(kind: str, spec: str | type, options: dict[str, Any] | None,
     if cache.requires_sharing and not alloc.supports_sharing:
         e["prefix_cache"] = "none"  # the engine refuses the pair; run without a cache
     sched = registry.load("scheduler", e.get("scheduler", "continuous"))
-    e.setdefault("max_num_batched_tokens", 16 if sched.chunks_prefill else MAX_MODEL_LEN)
+    # NOTE: a budget tight enough to split prompts, where the scheduler may split them
+    e.setdefault("max_num_batched_tokens", TIGHT_BUDGET if sched.chunks_prefill else MAX_MODEL_LEN)
     return EngineConfig(model="schedlab-testing", block_size=BLOCK_SIZE,
                         max_model_len=MAX_MODEL_LEN, num_kv_blocks=20, max_num_seqs=6, **e)
 
@@ -128,7 +131,9 @@ def run_engine(config: EngineConfig, seed: int, num_requests: int = 16) -> RunRe
     """
     rng = random.Random(seed)
     eng = Engine(config, executor_cls=CheckingExecutor)
-    eng.executor.bind(eng.kv)
+    executor = eng.executor
+    assert isinstance(executor, CheckingExecutor)
+    executor.bind(eng.kv)
     max_len = eng.max_model_len
     prefixes = [[rng.randrange(1, VOCAB) for _ in range(rng.randint(0, 16))] for _ in range(3)]
     arrivals: dict[int, list[tuple[list[int], SamplingParams, int]]] = {}

@@ -76,5 +76,6 @@ def test_engine_runs(target, setting, seed):
 
 
 def test_check_plugin_passes(target):
-    failed = [r for r in check_plugin(*target, seeds=(0,)) if r.ok is False]
+    kind, name = target
+    failed = [r for r in check_plugin(kind, name, seeds=(0,)) if r.ok is False]
     assert not failed, failed[0].message

@@ -95,7 +95,7 @@ class SDPABackend(AttentionBackend):
                 or not decode_pad_waste >= 0):
             raise ValueError(f"attention_options decode_pad_waste={decode_pad_waste!r} must be "
                              "a number >= 0 (inf: one call for all decodes)")
-        self.decode_pad_waste = float(decode_pad_waste)
+        self.max_pad_waste = float(decode_pad_waste)
         if decode_group_tokens is None:
             decode_group_tokens = DECODE_GROUP_TOKENS.get(self.device.type)
         elif isinstance(decode_group_tokens, bool) or not isinstance(decode_group_tokens, int) \
@@ -115,7 +115,7 @@ class SDPABackend(AttentionBackend):
         bs, dev = self.block_size, self.device
         lens = meta.seq_lens_host
         decodes = []
-        for lo, hi in padded_decode_groups(lens[: meta.num_decodes], self.decode_pad_waste,
+        for lo, hi in padded_decode_groups(lens[: meta.num_decodes], self.max_pad_waste,
                                            self.decode_group_tokens):
             longest = max(lens[lo:hi])
             nblocks = -(-longest // bs)

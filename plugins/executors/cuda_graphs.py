@@ -96,13 +96,12 @@ class DecodeGraphRunner:
                              if backend.graph_context_buckets else [max_model_len])
         self.device, self.capture = device, capture
         n, width = self.sizes[-1], -(-max_model_len // backend.block_size)
-        kw = dict(device=device)
-        self.input_ids = torch.zeros(n, dtype=torch.int64, **kw)
-        self.positions = torch.zeros(n, dtype=torch.int64, **kw)
-        self.slot_mapping = torch.full((n,), PAD_SLOT_ID, dtype=torch.int64, **kw)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, **kw)
-        self.block_tables = torch.zeros(n, width, dtype=torch.int32, **kw)
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, **kw)
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((n,), PAD_SLOT_ID, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(n, width, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.logits: torch.Tensor | None = None  # [max(sizes), vocab]: the graphs' output
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         if capture:
@@ -205,5 +204,6 @@ class DecodeGraphRunner:
             self.block_tables[n:size, 0] = 0
         if self.capture:
             self.graphs[(size, context)].replay()
+            assert self.logits is not None, "captured graphs write their logits"
             return self.logits[:n]
         return self._forward(size, context)[:n]

@@ -9,7 +9,7 @@ from schedlab.clock import VirtualClock
 from schedlab.config import ConfigError, EngineConfig
 from schedlab.executor import Executor, ExecutorOutput
 from schedlab.model import resolve_dtype
-from schedlab.scheduler import SchedulerOutput
+from schedlab.plan import SchedulerOutput
 from schedlab.sim.costmodel import CostModel, StepShape, decode_pad_waste
 from schedlab.sim.hardware import HardwareProfile, resolve_hardware, with_overrides
 from schedlab.sim.model_presets import ModelPreset, resolve_model
@@ -95,7 +95,9 @@ class SimExecutor(Executor):
         samples: list[bool] = []
         shape = StepShape.from_plan(plan, samples, self.pad_waste)
         dt = self.cost_model.step_time(shape, self.block_size)
-        self.clock.advance(dt)
+        clock = self.clock
+        assert isinstance(clock, VirtualClock), "the simulator's clock must be a VirtualClock"
+        clock.advance(dt)
         tok = self.placeholder
         sampled: list[int | None] = [tok if s else None for s in samples]
         for i, sr in enumerate(plan.scheduled):

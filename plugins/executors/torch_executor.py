@@ -21,9 +21,9 @@ from schedlab.model import (
     register_attention,
     resolve_dtype,
 )
+from schedlab.plan import SchedulerOutput
 from schedlab.plugins.executors.cuda_graphs import DecodeGraphRunner, graph_batch_sizes
 from schedlab.sampler import sample
-from schedlab.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class TorchExecutor(Executor):
         register_attention()
         self.model = AutoModelForCausalLM.from_pretrained(
             config.model, dtype=self.dtype, attn_implementation=ATTN_IMPLEMENTATION
-        ).to(self.device)
+        ).to(self.device)  # type: ignore[arg-type]  # transformers types `to` as a decorator's
         self.model.eval()
         if not isinstance(emulate_cuda_graphs, bool):
             raise ValueError(f"executor emulate_cuda_graphs={emulate_cuda_graphs!r} must be "
@@ -102,10 +102,17 @@ class TorchExecutor(Executor):
         return KVCacheSpec(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype, block_size)
 
     def export_kv(self, block_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return self.backend.copy_blocks_out(block_ids)
+        return self._backend().copy_blocks_out(block_ids)
 
     def import_kv(self, block_ids: list[int], data: object) -> None:
-        self.backend.copy_blocks_in(block_ids, data)
+        if not isinstance(data, list):
+            raise TypeError(f"import_kv takes what export_kv returned, got {type(data).__name__}")
+        self._backend().copy_blocks_in(block_ids, data)
+
+    def _backend(self) -> AttentionBackend:
+        if self.backend is None:
+            raise RuntimeError("the KV cache is not allocated yet: call initialize_cache first")
+        return self.backend
 
     def available_kv_memory(self) -> int | None:
         if self.device.type != "cuda":
@@ -118,9 +125,9 @@ class TorchExecutor(Executor):
 
     def initialize_cache(self, num_blocks: int, block_size: int) -> None:
         cfg = self.config
-        self.backend = self.attn_cls(
-            self.kv_cache_spec(block_size), num_blocks, self.device, **cfg.attention_options
-        )
+        attention = registry.resolve("attention", cfg.attention, cfg.attention_options)
+        self.backend = registry.build(attention, self.kv_cache_spec(block_size), num_blocks,
+                                      self.device)
         capture = cuda_graphs_enabled(cfg, self.device, self.attn_cls)
         if capture or self.emulate_cuda_graphs:
             max_len = cfg.max_model_len or self.model_spec.max_position_embeddings
@@ -171,14 +178,14 @@ class TorchExecutor(Executor):
         either direction.
         """
         host = self.host_kv
-        out_data = (self.backend.copy_blocks_out([d for d, _ in plan.swap_out])
+        out_data = (self._backend().copy_blocks_out([d for d, _ in plan.swap_out])
                     if plan.swap_out else [])
         in_data = [host.pop(h) for h, _ in plan.swap_in]
         for j, (_, h) in enumerate(plan.swap_out):
             host[h] = [(k[j].clone(), v[j].clone()) for k, v in out_data]
         if plan.swap_in:
             layers = zip(*in_data, strict=True)  # per layer: one (k, v) per swapped-in block
-            self.backend.copy_blocks_in(
+            self._backend().copy_blocks_in(
                 [d for _, d in plan.swap_in],
                 [(torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv]))
                  for kv in layers],
@@ -220,7 +227,7 @@ class TorchExecutor(Executor):
                 tokens.extend(r.token_slice(start, start + s.num_new_tokens))
         q_lens: list[int] = q_lens_np.tolist()
         bt = _padded_block_tables(tables)[order_np]
-        bs = self.backend.block_size
+        bs = self._backend().block_size
         cu = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(q_lens_np, out=cu[1:])
         seq_lens = starts + q_lens_np

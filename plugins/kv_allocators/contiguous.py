@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schedlab.kv import KVAllocator, KVUsage
+from schedlab.kv_allocator import KVAllocator, KVUsage
 from schedlab.request import Request
 
 RESERVE_MODES = ("max_model_len", "request")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from schedlab.kv import KVAllocator, KVUsage
+from schedlab.kv_allocator import KVAllocator, KVUsage
 from schedlab.request import Request
 
 

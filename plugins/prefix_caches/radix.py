@@ -20,6 +20,11 @@ class _Node:
     children: dict[tuple[int, ...], _Node] = field(default_factory=dict)  # by first block
     last_access: int = 0
 
+    def up(self) -> _Node:
+        """The parent of a node below the root (the root is never split nor evicted)."""
+        assert self.parent is not None, "the root has no parent"
+        return self.parent
+
 
 class RadixPrefixCache(PrefixCache):
     """A radix tree whose edges are runs of whole blocks of token ids.
@@ -117,7 +122,7 @@ class RadixPrefixCache(PrefixCache):
         """Cut `node` after its j-th block; the upper part takes its place and is returned.
         Changes state."""
         bs = self.block_size
-        parent = node.parent
+        parent = node.up()
         upper = _Node(node.tokens[: j * bs], node.blocks[:j], parent, last_access=node.last_access)
         parent.children[self._key(upper.tokens, 0)] = upper
         node.tokens, node.blocks, node.parent = node.tokens[j * bs :], node.blocks[j:], upper
@@ -140,7 +145,7 @@ class RadixPrefixCache(PrefixCache):
                 evicted.append(b)
             if node.blocks:
                 continue
-            parent = node.parent
+            parent = node.up()
             del parent.children[next(k for k, c in parent.children.items() if c is node)]
             if parent is not self._root and not parent.children and is_unused(parent.blocks[-1]):
                 heapq.heappush(heap, (parent.last_access, next(seq), parent))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from schedlab.plugins.queues.priority import PriorityQueue
 from schedlab.queue import Dropped
@@ -44,7 +45,7 @@ class EDFQueue(PriorityQueue):
     """
 
     def __init__(self, on_miss: str = "keep", class_deadlines_ms: Mapping[str, float] | None = None,
-                 slack_ms: float = 0.0, **options: object) -> None:
+                 slack_ms: float = 0.0, **options: Any) -> None:
         super().__init__(**options)
         if on_miss not in ON_MISS:
             raise ValueError(f"on_miss={on_miss!r}; accepted: {', '.join(ON_MISS)}")

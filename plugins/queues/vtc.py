@@ -115,7 +115,7 @@ class VTCQueue(RequestQueue):
 
     def remove(self, request: Request) -> None:
         c = client_of(request)
-        q = self._queues.get(c, ())
+        q = self._queues.get(c, deque())
         for i, r in enumerate(q):
             if r is request:
                 del q[i]

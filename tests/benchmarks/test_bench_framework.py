@@ -9,8 +9,8 @@ import pytest
 from conftest import load_or_skip, running_engine, scheduler_names
 
 from schedlab.kv_manager import KVCacheManager
+from schedlab.plan import ScheduledRequest, SchedulerOutput
 from schedlab.request import Request, SamplingParams
-from schedlab.scheduler import ScheduledRequest, SchedulerOutput
 
 pytestmark = pytest.mark.benchmark
 
