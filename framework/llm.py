@@ -9,6 +9,7 @@ from typing import Any
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import CompletionOutput, Request, RequestOutput, SamplingParams
+from schedlab.tokenizer import load_tokenizer
 
 Prompt = str | Sequence[int]
 
@@ -23,7 +24,7 @@ class LLM:
     def __init__(self, model: str, **kwargs: Any) -> None:
         self.config = EngineConfig(model=str(model), **kwargs)
         self.engine = Engine(self.config)
-        self.tokenizer = _load_tokenizer(self.config.model)
+        self.tokenizer = load_tokenizer(self.config.model)
         self._prompts: dict[str, str | None] = {}
 
     def _submit(self, prompts: Prompt | Sequence[Prompt],
@@ -121,13 +122,3 @@ class LLM:
             reject_reason=r.reject_reason,
         )
 
-
-def _load_tokenizer(path: str):
-    from pathlib import Path
-
-    p = Path(path)
-    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(p)

@@ -16,7 +16,7 @@ from schedlab.serve.server import Server, ServerOptions
 @pytest.fixture(scope="module")
 def server(llama_dir):
     cfg = EngineConfig(model=llama_dir, num_kv_blocks=256)
-    with Server(cfg, ServerOptions(port=0, model_name="tiny", log_level="warning")) as s:
+    with Server(cfg, ServerOptions(port=0, model_names=("tiny",), log_level="warning")) as s:
         yield s
 
 
