@@ -244,7 +244,14 @@ def _bench(s: RunSettings, a: _BenchArgs) -> None:
     from schedlab.runs.metrics import compute_metrics
     from schedlab.runs.results import collect_environment, format_table, write_results
     from schedlab.runs.workload import build_workload
-    from schedlab.serve.bench import BenchOptions, client_metrics, run_bench, served_model
+    from schedlab.serve.bench import (
+        BenchError,
+        BenchOptions,
+        client_metrics,
+        failure_summary,
+        run_bench,
+        served_model,
+    )
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     vocab = a.vocab_size
@@ -280,3 +287,6 @@ def _bench(s: RunSettings, a: _BenchArgs) -> None:
     if s.print_table:
         print(format_table(metrics))
     print(f"results: {path}")
+    failed = failure_summary(result)
+    if failed is not None:  # NOTE: the results are written; the exit status says they are partial
+        raise BenchError(failed)
