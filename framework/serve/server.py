@@ -2,7 +2,8 @@
 
 A first signal stops new requests (HTTP 503), lets in-flight ones finish for up to
 `drain_timeout` seconds, aborts what is left, then shuts uvicorn down; the process exits 0. A
-second signal exits at once (status 128 + the signal), dropping what is in flight.
+second signal ends the process at once by that signal (a shell shows 128 + its number),
+dropping what is in flight.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -93,7 +95,9 @@ class _Uvicorn(uvicorn.Server):
             print(f"schedlab serve: second signal: exiting now, {n} requests in flight "
                   "dropped", file=sys.stderr, flush=True)
             sys.stdout.flush()
-            os._exit(128 + int(sig))
+            signal.signal(sig, signal.SIG_DFL)  # NOTE: ended by the signal itself, at once
+            os.kill(os.getpid(), sig)
+            return
         self.owner.drain()
 
 
