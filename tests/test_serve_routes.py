@@ -154,3 +154,16 @@ def test_second_signal_exits_at_once_without_tracebacks(tmp_path):
     out = "".join(lines)
     assert "Traceback" not in out and "CancelledError" not in out
     assert "second signal" in out
+
+
+def test_request_metadata_reaches_the_engine(server):
+    body = {"prompt": [4, 5], "max_tokens": 400, "ignore_eos": True, "stream": True,
+            "user": "alice", "priority": -3, "deadline_ms": 500, "slo_class": "interactive"}
+    with httpx.stream("POST", server.base_url + "/v1/completions", json=body) as r:
+        next(r.iter_lines())
+        seen = server.loop.call(lambda e: [(q.client_id, q.priority, q.deadline_ms, q.slo_class)
+                                           for q in e.requests.values()]).result(10)
+    assert ("alice", -3, 500.0, "interactive") in seen
+    bad = httpx.post(server.base_url + "/v1/completions",
+                     json={"prompt": [1], "priority": "high"})
+    assert bad.status_code == 400 and "priority" in bad.json()["error"]["message"]
