@@ -472,7 +472,7 @@ def test_signal_drains_the_command_and_exits_0(llama_dir, tmp_path, sig, drain_t
             p.send_signal(sig)
             assert _wait(lambda: _refused(url), timeout=10)
 
-        body = {"model": "local", "prompt": [3, 4, 5], "max_tokens": max_tokens,
+        body = {"model": llama_dir, "prompt": [3, 4, 5], "max_tokens": max_tokens,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
         events = _stream_events(url, body, signal_then_check_refused)
         assert p.wait(timeout=60) == 0, "".join(p.lines)
