@@ -45,11 +45,10 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def build_tokenizer(vocab_size: int = 512):
-    """A byte-level BPE tokenizer trained on a built-in paragraph (deterministic, offline),
-    with `CHAT_TEMPLATE`."""
+def train_tokenizer(vocab_size: int = 512):
+    """The tiny byte-level BPE tokenizer (a `tokenizers.Tokenizer`), trained on a built-in
+    paragraph: deterministic, offline, no transformers."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -61,8 +60,16 @@ def build_tokenizer(vocab_size: int = 512):
         show_progress=False,
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    return tok
+
+
+def build_tokenizer(vocab_size: int = 512):
+    """`train_tokenizer` as a transformers tokenizer, with `CHAT_TEMPLATE`."""
+    from transformers import PreTrainedTokenizerFast
+
     out = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<pad>"
+        tokenizer_object=train_tokenizer(vocab_size), eos_token="<|endoftext|>",
+        pad_token="<pad>"
     )
     out.chat_template = CHAT_TEMPLATE
     return out

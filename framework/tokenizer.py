@@ -48,20 +48,26 @@ def tiny_tokenizer_dir() -> Path:
     return out
 
 
-def visible_token_ids(path: str | Path, vocab_size: int, avoid: set[int],
+def visible_token_ids(path: str | Path | None, vocab_size: int, avoid: set[int],
                       num: int = 8) -> list[int]:
-    """Up to `num` token ids of the tokenizer in `path` that each decode to a visible word
-    after a space and, in any order and number, re-tokenize 1:1 (one word, one token).
+    """Up to `num` token ids of the tokenizer in `path` (None: the built-in tiny one) that each
+    decode to a visible word after a space and, in any order and number, re-tokenize 1:1 (one
+    word, one token).
 
     Reads only `tokenizer.json` (the `tokenizers` library; no transformers). Empty when the
     tokenizer has no such tokens below `vocab_size` outside `avoid`.
     """
     from tokenizers import Tokenizer
 
-    f = Path(path) / "tokenizer.json"
-    if not f.is_file():
-        return []
-    tok = Tokenizer.from_file(str(f))
+    if path is None:
+        from schedlab.tiny import train_tokenizer
+
+        tok = train_tokenizer()
+    else:
+        f = Path(path) / "tokenizer.json"
+        if not f.is_file():
+            return []
+        tok = Tokenizer.from_file(str(f))
     special = set(tok.get_added_tokens_decoder())
     found: list[int] = []
     for t in range(min(tok.get_vocab_size(), vocab_size)):

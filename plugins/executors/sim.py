@@ -67,18 +67,20 @@ class SimExecutor(Executor):
         self._tokenizer = tokenizer
         self._words: list[int] | None = None
 
-    @property
-    def tokenizer_path(self) -> str:
-        """The tokenizer directory the output tokens come from."""
+    def _own_tokenizer(self) -> str | None:
         if self._tokenizer is not None:
             return self._tokenizer
-        if has_tokenizer(self.config.model):
-            return self.config.model
-        return str(tiny_tokenizer_dir())
+        return self.config.model if has_tokenizer(self.config.model) else None
+
+    @property
+    def tokenizer_path(self) -> str:
+        """The tokenizer directory the output tokens come from (the tiny one saved on first
+        use when neither the option nor the model names one)."""
+        return self._own_tokenizer() or str(tiny_tokenizer_dir())
 
     def _output_token(self, req: Request) -> int:
-        if self._words is None:
-            self._words = visible_token_ids(self.tokenizer_path, self.model_spec.vocab_size,
+        if self._words is None:  # NOTE: the tiny tokenizer in memory: a run needs no files
+            self._words = visible_token_ids(self._own_tokenizer(), self.model_spec.vocab_size,
                                             set(self.model_spec.eos_token_ids))
         stops = req.sampling_params.stop_token_ids
         words = [t for t in self._words if t not in stops] if stops else self._words
