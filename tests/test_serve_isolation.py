@@ -1,6 +1,6 @@
 """One bad client never hurts another: while a long stream runs, bad requests of every kind
 (wrong types, out-of-range sampling fields, NaN, a lone surrogate, a 50 MB body, a prompt far
-over the limit, a request failing inside a step, a client that goes away) are answered or
+over the limit, requests failing inside a step, a client that goes away) are answered or
 failed on their own, and the stream finishes with all its tokens and no stall."""
 
 from __future__ import annotations
@@ -35,6 +35,16 @@ def server(llama_dir, monkeypatch):
             x.fill_(float("nan"))
 
     monkeypatch.setattr(sampler, "_shape_row", faulty)
+    from schedlab.plugins.executors.torch_executor import TorchExecutor
+
+    execute = TorchExecutor.execute
+
+    def broken(self, plan):  # a fault no request is named in, with the poisoned one in the step
+        if any(sr.request.prompt_token_ids[:4] == [9, 9, 9, 9] for sr in plan.scheduled):
+            raise RuntimeError("planted")
+        return execute(self, plan)
+
+    monkeypatch.setattr(TorchExecutor, "execute", broken)
     cfg = EngineConfig(model=llama_dir, num_kv_blocks=256)
     with Server(cfg, ServerOptions(port=0, model_names=(MODEL,), log_level="warning")) as s:
         yield s
@@ -106,6 +116,9 @@ def test_bad_requests_do_not_touch_a_running_stream(server):
         r = h.post(url + "/v1/completions", json={**P, "temperature": 1.0,
                                                    "logit_bias": POISON})
         assert r.status_code == 500 and "not finite" in r.json()["error"]["message"]
+        # a fault that names no request: blamed on the request new to the failing step
+        r = h.post(url + "/v1/completions", json={**P, "prompt": [9, 9, 9, 9]})
+        assert r.status_code == 500 and "engine failed" in r.json()["error"]["message"]
         # a non-streamed request whose client leaves is aborted, not run to the end
         with pytest.raises(httpx.TimeoutException):
             h.post(url + "/v1/completions", timeout=0.5, json={
@@ -128,7 +141,7 @@ def test_bad_requests_do_not_touch_a_running_stream(server):
     assert _metric(text, "schedlab:request_errors_total", status="400") == 10
     assert _metric(text, "schedlab:request_errors_total", status="404") == 1
     assert _metric(text, "schedlab:request_errors_total", status="413") == 1
-    assert _metric(text, "schedlab:request_errors_total", status="500") == 1
+    assert _metric(text, "schedlab:request_errors_total", status="500") == 2
     assert _metric(text, "schedlab:request_success_total", finished_reason="abort") == 1
     assert server.loop.call(lambda e: e.counters().kv_free_blocks).result(10) == free0
     server.loop.call(lambda e: e.check_integrity()).result(10)

@@ -156,6 +156,8 @@ class EngineLoop:
         # NOTE: each written by one thread only (submit: the event loop; done: the engine)
         self._num_submitted = 0
         self._num_done = 0
+        #: the requests of the last step that ran (who a failing step is blamed on last)
+        self._stepped_ok: set[str] = set()
 
     # ---- called from other threads -------------------------------------------------------
     def start(self) -> None:
@@ -221,13 +223,18 @@ class EngineLoop:
                            {rid: f"the request failed: {why}" for rid, why in e.reasons.items()})
                 continue
             except Exception:  # noqa: BLE001 - a bug must not kill the server silently
+                # NOTE: first blamed on the requests new to this step (the others stepped
+                # fine before); if it fails again without them, on the rest of the step
                 planned = {sr.request.request_id for sr in engine.last_plan.scheduled}
-                hit = [a for rid, a in self._active.items() if rid in planned]
-                log.exception("engine step failed; failing the %d requests in it",
+                hit = [a for rid, a in self._active.items()
+                       if rid in planned and rid not in self._stepped_ok] or [
+                    a for rid, a in self._active.items() if rid in planned]
+                log.exception("engine step failed; failing %d of its requests",
                               len(hit) or len(self._active))
                 self._fail(hit or list(self._active.values()),
                            "the engine failed during a step; see the server log")
                 continue
+            self._stepped_ok = {sr.request.request_id for sr in engine.last_plan.scheduled}
             self._dispatch()
             engine.drain_step_stats()  # NOTE: counters carry what the server reports
             self.counters = engine.counters()
