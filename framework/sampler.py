@@ -48,7 +48,9 @@ def sample(
         x = _top_p(x, top_ps)
     probs = torch.softmax(x, dim=-1)
     failed: dict[str, str] = {}
-    bad = (~torch.isfinite(probs).all(dim=-1)).nonzero().flatten().tolist()
+    # NOTE: a NaN, a +inf or an all -inf row makes softmax NaN across the whole row, so one
+    # column tells which rows cannot be sampled
+    bad = probs[:, 0].isnan().nonzero().flatten().tolist()
     for j in bad:
         failed[requests[rows[j]].request_id] = "its next-token distribution is not finite"
     gens: list[torch.Generator | None] = []
