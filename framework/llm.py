@@ -12,6 +12,7 @@ from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import CompletionOutput, Request, RequestOutput, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
+from schedlab.tokenizer import load_tokenizer
 
 Prompt = str | Sequence[int]
 
@@ -36,7 +37,7 @@ class LLM:
     def __init__(self, model: str, **kwargs: Any) -> None:
         self.config = EngineConfig(model=str(model), **kwargs)
         self.engine = Engine(self.config)
-        self.tokenizer = _load_tokenizer(self.config.model)
+        self.tokenizer = load_tokenizer(self.config.model)
         self._prompts: dict[str, str | None] = {}
         self._ids = itertools.count()
 
@@ -178,13 +179,3 @@ class LLM:
             reject_reason=r.reject_reason,
         )
 
-
-def _load_tokenizer(path: str):
-    from pathlib import Path
-
-    p = Path(path)
-    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(p)

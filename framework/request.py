@@ -8,6 +8,9 @@ import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+#: the smallest non-zero temperature (vLLM samples below it greedily; here it is refused)
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -21,6 +24,12 @@ class SamplingParams:
         seed: per-request seed; `None` draws from the engine's generator.
         ignore_eos: keep generating past EOS (exact output lengths for benchmarks).
         stop_token_ids: further token ids that end the request.
+        min_tokens: no EOS or stop token id before this many output tokens (vLLM's).
+        presence_penalty: subtracted from the logit of each token already in the output.
+        frequency_penalty: subtracted once per occurrence in the output.
+        repetition_penalty: divides positive (multiplies negative) logits of tokens in the
+            prompt or the output; 1 disables it.
+        logit_bias: token id -> a bias added to its logit, clamped to [-100, 100].
 
     Raises:
         ValueError: a field is out of range; the message names it.
@@ -33,6 +42,11 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         def integer(name: str, v: object) -> int:
@@ -51,6 +65,9 @@ class SamplingParams:
         self.temperature = real("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g} "
+                             f"(smaller ones overflow the logits), got {self.temperature!r}")
         self.top_p = real("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
@@ -59,6 +76,27 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1, 0 (disabled) or positive, got {self.top_k!r}")
         if self.seed is not None:
             self.seed = integer("seed", self.seed)
+            if not -(2**63) <= self.seed < 2**64:
+                raise ValueError(f"seed must be a 64-bit integer, got {self.seed!r}")
+        self.min_tokens = integer("min_tokens", self.min_tokens)
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got "
+                             f"{self.min_tokens!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = real(name, getattr(self, name))
+            if not -2.0 <= v <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {v!r}")
+            setattr(self, name, v)
+        self.repetition_penalty = real("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must map token ids to numbers, got "
+                                 f"{self.logit_bias!r}")
+            self.logit_bias = {integer("logit_bias token id", t):
+                               min(100.0, max(-100.0, real("logit_bias[]", b)))
+                               for t, b in self.logit_bias.items()} or None
         if isinstance(self.stop_token_ids, str | bytes) or not isinstance(
             self.stop_token_ids, Iterable
         ):
@@ -69,6 +107,25 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether the logits change before sampling (penalties, bias, min_tokens)."""
+        return bool(self.min_tokens or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0 or self.logit_bias)
+
+
+class RequestFailure(RuntimeError):
+    """A step could not go on because of some requests alone (raised by an executor before it
+    changed anything the step's other requests depend on); a server fails those and steps on.
+
+    Args:
+        reasons: request id -> why it failed (one clause).
+    """
+
+    def __init__(self, reasons: dict[str, str]) -> None:
+        super().__init__("; ".join(f"request {k!r}: {v}" for k, v in reasons.items()))
+        self.reasons = reasons
 
 
 class RequestStatus(enum.Enum):

@@ -34,16 +34,21 @@ The quick brown fox jumps over the lazy dog. 0123456789 + - * / = ( ) [ ] { } < 
 """
 
 
+#: a plain chat template (role tags the tiny vocabulary spells), so chat endpoints work
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
 def cache_dir() -> Path:
     """Where built models are kept: $SCHEDLAB_CACHE or ~/.cache/schedlab."""
     root = os.environ.get("SCHEDLAB_CACHE") or Path.home() / ".cache" / "schedlab"
     return Path(root)
 
 
-def build_tokenizer(vocab_size: int = 512):
-    """A byte-level BPE tokenizer trained on a built-in paragraph (deterministic, offline)."""
+def train_tokenizer(vocab_size: int = 512):
+    """The tiny byte-level BPE tokenizer (a `tokenizers.Tokenizer`), trained on a built-in
+    paragraph: deterministic, offline, no transformers."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -55,9 +60,19 @@ def build_tokenizer(vocab_size: int = 512):
         show_progress=False,
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<pad>"
+    return tok
+
+
+def build_tokenizer(vocab_size: int = 512):
+    """`train_tokenizer` as a transformers tokenizer, with `CHAT_TEMPLATE`."""
+    from transformers import PreTrainedTokenizerFast
+
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(vocab_size), eos_token="<|endoftext|>",
+        pad_token="<pad>"
     )
+    out.chat_template = CHAT_TEMPLATE
+    return out
 
 
 def build_tiny_model(
@@ -89,7 +104,7 @@ def build_tiny_model(
     out = Path(path) if path is not None else cache_dir() / f"{family}-{size}-s{seed}"
     stamp = out / "schedlab_build.json"
     recipe = dict(family=family, size=size, seed=seed, initializer_range=initializer_range,
-                  max_position_embeddings=max_position_embeddings, version=1)
+                  max_position_embeddings=max_position_embeddings, version=2)
     if not overwrite and stamp.is_file() and json.loads(stamp.read_text()) == recipe:
         return out
 

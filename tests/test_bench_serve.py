@@ -16,7 +16,7 @@ from schedlab.serve.server import Server, ServerOptions
 @pytest.fixture(scope="module")
 def server(llama_dir):
     cfg = EngineConfig(model=llama_dir, num_kv_blocks=256)
-    with Server(cfg, ServerOptions(port=0, model_name="tiny", log_level="warning")) as s:
+    with Server(cfg, ServerOptions(port=0, model_names=("tiny",), log_level="warning")) as s:
         yield s
 
 
@@ -55,12 +55,25 @@ def test_bench_writes_run_shaped_results(server, llama_dir, tmp_path):
     assert (tmp_path / "run" / "plots" / "latency_cdf.png").is_file()
 
 
-def test_requests_the_server_refuses_are_counted_with_the_reason(server, llama_dir, tmp_path):
+def test_refused_requests_are_counted_and_the_exit_status_says_so(server, llama_dir, tmp_path,
+                                                                    capsys):
     rc, res = _bench(server, llama_dir, tmp_path, "--vocab-size", "100000",
                      "workload.num_requests=3", "workload.input_len.min=30", "plots=false")
-    assert rc == 0
-    assert res["completed"] == 0 and res["num_rejected"] == 3
+    assert rc != 0
+    assert res["completed"] == 0 and res["num_rejected"] == 3 and res["num_failed"] == 3
     assert all("outside the vocabulary" in e for e in res["errors"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("schedlab: error: 3 of 3 requests failed: HTTP 400: prompt token id "
+                          "N is outside")
+
+
+def test_fixed_lengths_as_documented(server, llama_dir, tmp_path):
+    rc, res = _bench(server, llama_dir, tmp_path, "workload.num_requests=4",
+                     "workload.output_len.dist=fixed", "+workload.output_len.value=6",
+                     "workload.input_len.dist=fixed", "+workload.input_len.value=200",
+                     "plots=false")
+    assert rc == 0, res
+    assert res["output_lens"] == [6] * 4 and res["total_input_tokens"] == 800
 
 
 def test_unreachable_server_is_one_error_line(llama_dir, tmp_path, capsys):

@@ -25,14 +25,12 @@ from schedlab.serve.server import Server, ServerOptions  # noqa: E402
 from schedlab.serve.text import TextStream  # noqa: E402
 
 MODEL = "tiny"
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
 def _server(model_dir: str, **kw) -> Server:
     opts = {k: kw.pop(k) for k in ("max_waiting", "drain_timeout") if k in kw}
     cfg = EngineConfig(model=model_dir, num_kv_blocks=kw.pop("num_kv_blocks", 256), **kw)
-    return Server(cfg, ServerOptions(port=0, model_name=MODEL, log_level="warning", **opts))
+    return Server(cfg, ServerOptions(port=0, model_names=(MODEL,), log_level="warning", **opts))
 
 
 @pytest.fixture(scope="module")
@@ -159,34 +157,25 @@ def test_text_stream_stop_across_tokens():
 
 
 # ---- chat -----------------------------------------------------------------------------------
-def test_chat_without_template_is_a_clear_400(server):
-    r = httpx.post(server.base_url + "/v1/chat/completions",
-                   json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+def test_chat_without_template_is_a_clear_400(llama_dir, tmp_path):
+    d = tmp_path / "no-template"
+    shutil.copytree(llama_dir, d)
+    (d / "chat_template.jinja").unlink()
+    with _server(str(d)) as s:
+        r = httpx.post(s.base_url + "/v1/chat/completions",
+                       json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400
     assert "chat template" in r.json()["error"]["message"]
 
 
-@pytest.fixture(scope="module")
-def chat_server(llama_dir, tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    d = tmp_path_factory.mktemp("chat") / "llama-chat"
-    shutil.copytree(llama_dir, d)
-    tok = AutoTokenizer.from_pretrained(d)
-    tok.chat_template = CHAT_TEMPLATE
-    tok.save_pretrained(d)
-    with _server(str(d)) as s:
-        yield s
-
-
-def test_chat_streamed_and_not(chat_server):
-    c = openai.OpenAI(base_url=chat_server.base_url + "/v1", api_key="none", max_retries=0)
+def test_chat_streamed_and_not(server, client):
+    c = client  # NOTE: the tiny tokenizer ships a chat template
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     r = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=0,
                                   extra_body={"ignore_eos": True})
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
-    tok = chat_server.tokenizer
+    tok = server.tokenizer
     prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert r.usage.prompt_tokens == len(tok.encode(prompt, add_special_tokens=False))
     stream = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=5,
@@ -199,29 +188,58 @@ def test_chat_streamed_and_not(chat_server):
 
 
 # ---- errors ---------------------------------------------------------------------------------
+P = {"model": MODEL, "prompt": [1, 2]}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+#: (case, endpoint, body, status, what the message names)
 BAD = [
-    ("invalid JSON", b"{not json", "JSON"),
-    ("wrong type", {"model": MODEL, "prompt": [1, 2], "max_tokens": "many"}, "max_tokens"),
-    ("max_tokens 0", {"model": MODEL, "prompt": [1, 2], "max_tokens": 0}, "max_tokens"),
-    ("too long", {"model": MODEL, "prompt": [5] * 600, "max_tokens": 4}, "max_model_len"),
-    ("outside vocab", {"model": MODEL, "prompt": [1, 512], "max_tokens": 4}, "vocabulary"),
-    ("unknown model", {"model": "gpt-9", "prompt": [1, 2]}, "gpt-9"),
-    ("n=2", {"model": MODEL, "prompt": [1, 2], "n": 2}, "n=2"),
-    ("no prompt", {"model": MODEL}, "prompt"),
+    ("invalid JSON", "completions", b"{not json", 400, "JSON"),
+    ("lone surrogate", "completions", b'{"prompt": "a\\ud800b"}', 400, "JSON"),
+    ("NaN", "completions", b'{"prompt": [1], "temperature": NaN}', 400, "temperature"),
+    ("infinity", "completions", b'{"prompt": [1], "top_p": 1e999}', 400, "top_p"),
+    ("wrong type", "completions", {**P, "max_tokens": "many"}, 400, "max_tokens"),
+    ("max_tokens true", "completions", {**P, "max_tokens": True}, 400, "max_tokens"),
+    ("max_tokens string", "completions", {**P, "max_tokens": "5"}, 400, "max_tokens"),
+    ("stream yes", "completions", {**P, "stream": "yes"}, 400, "stream"),
+    ("max_tokens 0", "completions", {**P, "max_tokens": 0}, 400, "max_tokens"),
+    ("seed beyond 64 bits", "completions", {**P, "seed": 2**64}, 400, "seed"),
+    ("temperature underflow", "completions", {**P, "temperature": 1e-45}, 400, "temperature"),
+    ("too long", "completions", {"model": MODEL, "prompt": [5] * 600, "max_tokens": 4}, 400,
+     "max_model_len"),
+    ("outside vocab", "completions", {"model": MODEL, "prompt": [1, 512], "max_tokens": 4},
+     400, "vocabulary"),
+    ("logit_bias outside vocab", "completions", {**P, "logit_bias": {"9999": 5}}, 400,
+     "logit_bias"),
+    ("min_tokens over max", "completions", {**P, "max_tokens": 2, "min_tokens": 3}, 400,
+     "min_tokens"),
+    ("presence_penalty range", "completions", {**P, "presence_penalty": 3}, 400,
+     "presence_penalty"),
+    ("stream_options unstreamed", "completions", {**P, "stream_options": {
+        "include_usage": True}}, 400, "stream_options"),
+    ("unknown model", "completions", {"model": "gpt-9", "prompt": [1, 2]}, 404, "gpt-9"),
+    ("n=2", "completions", {**P, "n": 2}, 400, "n=2"),
+    ("no prompt", "completions", {"model": MODEL}, 400, "prompt"),
+    ("tools", "chat/completions", {**CHAT, "tools": [{"type": "function", "function": {
+        "name": "f"}}]}, 400, "tools"),
+    ("response_format", "chat/completions", {**CHAT, "response_format": {
+        "type": "json_object"}}, 400, "response_format"),
 ]
 
 
-@pytest.mark.parametrize("body,needle", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_bad_input_is_an_openai_400_and_the_server_goes_on(server, body, needle):
-    url = server.base_url + "/v1/completions"
+@pytest.mark.parametrize("endpoint,body,status,needle", [b[1:] for b in BAD],
+                         ids=[b[0] for b in BAD])
+def test_bad_input_is_an_openai_error_and_the_server_goes_on(server, endpoint, body, status,
+                                                             needle):
+    url = f"{server.base_url}/v1/{endpoint}"
     if isinstance(body, bytes):
         r = httpx.post(url, content=body, headers={"content-type": "application/json"})
     else:
         r = httpx.post(url, json=body)
-    assert r.status_code == 400, r.text
+    assert r.status_code == status, r.text
     err = r.json()["error"]
-    assert needle in err["message"] and err["type"] == "invalid_request_error"
-    ok = httpx.post(url, json={"model": MODEL, "prompt": [1, 2], "max_tokens": 2})
+    assert needle in err["message"], err
+    assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    ok = httpx.post(server.base_url + "/v1/completions",
+                    json={"model": MODEL, "prompt": [1, 2], "max_tokens": 2})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
 
 
@@ -295,7 +313,7 @@ def one_seat_server():
     # NOTE: the simulated executor, paced at 0.2 s a step: a long request keeps its seat
     cfg = EngineConfig(model="llama3_8b", executor="sim", max_num_seqs=1, max_model_len=2048,
                        executor_options={"hardware": {"preset": "h100", "step_overhead": 0.2}})
-    with Server(cfg, ServerOptions(port=0, model_name=MODEL, log_level="warning",
+    with Server(cfg, ServerOptions(port=0, model_names=(MODEL,), log_level="warning",
                                    max_waiting=1)) as s:
         yield s
 
@@ -339,19 +357,28 @@ def test_models_health_and_metrics(server, client):
 
 
 # ---- the simulated executor -----------------------------------------------------------------
-def test_sim_executor_serves_placeholder_tokens():
+def test_sim_executor_serves_words_that_retokenize_one_to_one():
+    from schedlab.tokenizer import TINY_TOKENIZER
+
     cfg = EngineConfig(model="llama3_8b", executor="sim", executor_options={"hardware": "h100"},
                        max_model_len=2048)
-    with Server(cfg, ServerOptions(port=0, model_name="sim", log_level="warning")) as s:
+    with Server(cfg, ServerOptions(port=0, log_level="warning")) as s:
+        name = s.model_names[0]
+        assert name.endswith(TINY_TOKENIZER)  # served under the tokenizer clients can load
         url = s.base_url + "/v1/completions"
-        r = httpx.post(url, json={"model": "sim", "prompt": list(range(2, 200)),
-                                  "max_tokens": 5})
+        r = httpx.post(url, json={"model": name, "prompt": "The scheduler decides",
+                                  "max_tokens": 12})
         assert r.status_code == 200, r.text
         body = r.json()
-        assert body["usage"]["completion_tokens"] == 5
-        assert re.fullmatch(r"(<\d+>){5}", body["choices"][0]["text"])
-        r = httpx.post(url, json={"model": "sim", "prompt": "text"})
-        assert r.status_code == 400 and "token ids" in r.json()["error"]["message"]
+        text = body["choices"][0]["text"]
+        assert body["usage"]["completion_tokens"] == 12 and text.strip()
+        tok = s.tokenizer
+        assert len(tok.encode(text, add_special_tokens=False)) == 12
+        assert body["usage"]["prompt_tokens"] == len(tok.encode("The scheduler decides",
+                                                                add_special_tokens=False))
+        r = httpx.post(s.base_url + "/v1/chat/completions", json={
+            "model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
 
 
 # ---- draining: SIGTERM / SIGINT ------------------------------------------------------------
@@ -445,7 +472,7 @@ def test_signal_drains_the_command_and_exits_0(llama_dir, tmp_path, sig, drain_t
             p.send_signal(sig)
             assert _wait(lambda: _refused(url), timeout=10)
 
-        body = {"model": "local", "prompt": [3, 4, 5], "max_tokens": max_tokens,
+        body = {"model": llama_dir, "prompt": [3, 4, 5], "max_tokens": max_tokens,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
         events = _stream_events(url, body, signal_then_check_refused)
         assert p.wait(timeout=60) == 0, "".join(p.lines)

@@ -4,9 +4,10 @@ conf/ groups and overrides, `build_settings`), plus `--options` of their own."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import hydra
@@ -18,12 +19,13 @@ from schedlab.config import ConfigError
 
 SERVE_USAGE = """\
 usage: schedlab serve [--host H] [--port P] [--max-waiting N] [--drain-timeout S]
-                      [--served-model-name NAME] [--log-level L] [overrides]
+                      [--served-model-name NAME [NAME ...]] [--max-request-bytes B]
+                      [--api-key KEY] [--log-level L] [overrides]
 
-An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /health,
-/metrics) over the engine that `schedlab run [overrides]` would build: any scheduler, queue,
-KV allocator, prefix cache, attention backend and executor (executor=sim answers in real time
-on the simulated clock, with placeholder tokens).
+An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /tokenize,
+/detokenize, /version, /health, /metrics) over the engine that `schedlab run [overrides]`
+would build: any scheduler, queue, KV allocator, prefix cache, attention backend and executor
+(executor=sim answers in real time on the simulated clock, with words of its tokenizer).
 
 options:
   --host H                 address to bind (default 127.0.0.1: this machine only)
@@ -32,7 +34,13 @@ options:
                            (default: no limit)
   --drain-timeout S        after SIGINT/SIGTERM, seconds in-flight requests get to finish
                            (default 30)
-  --served-model-name NAME the `model` clients send (default: the model config's name)
+  --served-model-name NAME [NAME ...]
+                           the `model` names clients may send (default: the directory of
+                           the model's tokenizer, which clients can load, as vLLM's path)
+  --max-request-bytes B    the largest request body (413 beyond; default: room for a
+                           max_model_len prompt, at least 1 MiB)
+  --api-key KEY            require `Authorization: Bearer KEY` (default: $SCHEDLAB_API_KEY;
+                           /health, /metrics and /version stay open)
   --log-level L            uvicorn's log level (default info)
 
 examples:
@@ -80,7 +88,9 @@ def serve_main(argv: Sequence[str]) -> int:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--max-waiting", type=int, default=None)
     ap.add_argument("--drain-timeout", type=float, default=30.0)
-    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--served-model-name", nargs="+", default=None)
+    ap.add_argument("--max-request-bytes", type=int, default=None)
+    ap.add_argument("--api-key", default=None)
     ap.add_argument("--log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
     parsed = _parse(ap, argv, SERVE_USAGE)
@@ -92,9 +102,14 @@ def serve_main(argv: Sequence[str]) -> int:
     if not 0 <= ns.port <= 65535:
         return _usage_error("schedlab serve", f"--port {ns.port} is not a TCP port",
                             SERVE_USAGE)
-    opts = ServerOptions(host=ns.host, port=ns.port, model_name=ns.served_model_name or "",
+    if ns.max_request_bytes is not None and ns.max_request_bytes <= 0:
+        return _usage_error("schedlab serve", "--max-request-bytes must be > 0", SERVE_USAGE)
+    key = ns.api_key if ns.api_key is not None else os.environ.get("SCHEDLAB_API_KEY") or None
+    opts = ServerOptions(host=ns.host, port=ns.port,
+                         model_names=tuple(ns.served_model_name or ()),
                          max_waiting=ns.max_waiting, drain_timeout=ns.drain_timeout,
-                         log_level=ns.log_level)
+                         log_level=ns.log_level, max_request_bytes=ns.max_request_bytes,
+                         api_key=key)
     return _hydra(_serve_task, "schedlab serve", overrides, opts)
 
 
@@ -195,7 +210,6 @@ def _serve_task(cfg: DictConfig, opts) -> None:
         s = build_settings(cfg)
         seed_everything(s.seed)
         s.model.prepare()
-        opts = replace(opts, model_name=opts.model_name or s.model.name)
         try:
             server = Server(s.engine, opts)
         except (ValueError, OSError, RuntimeError) as e:
@@ -206,7 +220,8 @@ def _serve_task(cfg: DictConfig, opts) -> None:
         _report(e)
         return
     ec = s.engine
-    print(f"schedlab serve: model {opts.model_name!r} ({s.engine.model}), scheduler={ec.scheduler} "
+    names = ", ".join(map(repr, server.model_names))
+    print(f"schedlab serve: model {names} ({s.model.name}), scheduler={ec.scheduler} "
           f"queue={ec.queue} kv_allocator={ec.kv_allocator} prefix_cache={ec.prefix_cache} "
           f"executor={ec.executor}; http://{opts.host}:{opts.port}  (Ctrl-C drains and exits)",
           flush=True)
@@ -230,7 +245,14 @@ def _bench(s: RunSettings, a: _BenchArgs) -> None:
     from schedlab.runs.metrics import compute_metrics
     from schedlab.runs.results import collect_environment, format_table, write_results
     from schedlab.runs.workload import build_workload
-    from schedlab.serve.bench import BenchOptions, client_metrics, run_bench, served_model
+    from schedlab.serve.bench import (
+        BenchError,
+        BenchOptions,
+        client_metrics,
+        failure_summary,
+        run_bench,
+        served_model,
+    )
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     vocab = a.vocab_size
@@ -266,3 +288,6 @@ def _bench(s: RunSettings, a: _BenchArgs) -> None:
     if s.print_table:
         print(format_table(metrics))
     print(f"results: {path}")
+    failed = failure_summary(result)
+    if failed is not None:  # NOTE: the results are written; the exit status says they are partial
+        raise BenchError(failed)

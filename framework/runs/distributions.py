@@ -59,7 +59,8 @@ def random_tokens(rng: np.random.Generator, n: int, vocab_size: int) -> list[int
 
 # ---- lengths ---------------------------------------------------------------------------
 def sample_lengths(dist: Any, n: int, rng: np.random.Generator, key: str) -> np.ndarray:
-    """Draw `n` integer lengths from a length spec, clipped to its [min, max].
+    """Draw `n` integer lengths from a length spec, clipped to its [min, max] (except `fixed`,
+    which is exactly its `value`).
 
     A spec is an integer (fixed) or a mapping with `dist` and its parameters:
     `fixed` (`value` or `mean`), `uniform` (`min`, `max`; or `mean` with `range_ratio` as in
@@ -83,13 +84,13 @@ def sample_lengths(dist: Any, n: int, rng: np.random.Generator, key: str) -> np.
     hi = get_num(dist, "max", key, math.inf)
     if lo < 1 or lo > hi:
         raise WorkloadError(f"workload.{key}: need 1 <= min <= max, got min={lo}, max={hi}")
-    if name == "fixed":
+    if name == "fixed":  # NOTE: min and max bound drawn lengths; a fixed one is as given
         v = get_num(dist, "value", key, dist.get("mean"))
-        if not lo <= v <= hi:
-            raise WorkloadError(f"workload.{key}={v:g} must be within [{lo:g}, {hi:g}] (a length "
-                                "is at least 1 token)")
-        out = np.full(n, v, dtype=float)
-    elif name == "uniform":
+        if not 1 <= v < math.inf:
+            raise WorkloadError(f"workload.{key}={v:g} must be at least 1 (a length in "
+                                "tokens)")
+        return np.full(n, round(v), dtype=np.int64)
+    if name == "uniform":
         if "range_ratio" in dist:
             mean, r = get_num(dist, "mean", key), get_num(dist, "range_ratio", key)
             if not 0 <= r < 1:

@@ -19,6 +19,7 @@ import json
 import logging
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import httpx
@@ -249,6 +250,23 @@ def _message(text: str) -> str:
         return str(err.get("error", err).get("message", text))
     except (ValueError, AttributeError):
         return text[:300]
+
+
+#: numbers in a failure reason, but an HTTP status
+_ALIKE = re.compile(r"\b(?<!HTTP )\d+\b")
+
+
+def failure_summary(run: RunResult) -> str | None:
+    """One sentence on the requests that did not finish (None: all did): how many of how many,
+    and the commonest reasons (numbers in them as N, so alike reasons count together)."""
+    reasons = Counter(_ALIKE.sub("N", r.reject_reason or r.finish_reason or "unknown")
+                      for r in run.requests if r.finish_reason not in ("stop", "length"))
+    n = sum(reasons.values())
+    if not n:
+        return None
+    top = "; ".join(f"{k} (x{c})" for k, c in reasons.most_common(3))
+    more = f"; and {len(reasons) - 3} other reasons" if len(reasons) > 3 else ""
+    return f"{n} of {len(run.requests)} requests failed: {top}{more}"
 
 
 def client_metrics(run: RunResult, metrics: dict) -> dict:

@@ -24,7 +24,7 @@ from typing import Any
 from schedlab.clock import PacedClock, VirtualClock
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
-from schedlab.request import Request, SamplingParams
+from schedlab.request import Request, RequestFailure, SamplingParams
 from schedlab.serve.text import TextStream
 from schedlab.stats import EngineCounters
 
@@ -170,6 +170,8 @@ class EngineLoop:
         # NOTE: each written by one thread only (submit: the event loop; done: the engine)
         self._num_submitted = 0
         self._num_done = 0
+        #: the requests of the last step that ran (who a failing step is blamed on last)
+        self._stepped_ok: set[str] = set()
 
     # ---- called from other threads -------------------------------------------------------
     def start(self) -> None:
@@ -229,10 +231,24 @@ class EngineLoop:
                 self._paced.catch_up()
             try:
                 engine.step()
-            except Exception:  # noqa: BLE001 - a bug must not kill the server silently
-                log.exception("engine step failed; aborting the requests in flight")
-                self._fail_all("the engine failed during a step; see the server log")
+            except RequestFailure as e:  # NOTE: the step changed nothing; the others go on
+                log.warning("failing %d requests: %s", len(e.reasons), e)
+                self._fail([a for rid, a in self._active.items() if rid in e.reasons],
+                           {rid: f"the request failed: {why}" for rid, why in e.reasons.items()})
                 continue
+            except Exception:  # noqa: BLE001 - a bug must not kill the server silently
+                # NOTE: first blamed on the requests new to this step (the others stepped
+                # fine before); if it fails again without them, on the rest of the step
+                planned = {sr.request.request_id for sr in engine.last_plan.scheduled}
+                hit = [a for rid, a in self._active.items()
+                       if rid in planned and rid not in self._stepped_ok] or [
+                    a for rid, a in self._active.items() if rid in planned]
+                log.exception("engine step failed; failing %d of its requests",
+                              len(hit) or len(self._active))
+                self._fail(hit or list(self._active.values()),
+                           "the engine failed during a step; see the server log")
+                continue
+            self._stepped_ok = {sr.request.request_id for sr in engine.last_plan.scheduled}
             self._dispatch()
             engine.drain_step_stats()  # NOTE: counters carry what the server reports
             self.counters = engine.counters()
@@ -331,15 +347,20 @@ class EngineLoop:
                 log.exception("recording a finished request failed")
         self._num_done += 1  # last: once num_active drops, the metrics have it
 
-    def _fail_all(self, message: str) -> None:
-        for a in list(self._active.values()):
+    def _fail(self, actives: list[_Active], message: str | dict[str, str]) -> None:
+        """End these requests with an error event (the others go on); the gauges follow."""
+        for a in actives:
+            rid = a.request.request_id
             try:
                 if not a.request.is_finished:
-                    self.engine.abort(a.request.request_id)
+                    self.engine.abort(rid)
+                self.engine.forget(rid)
             except Exception:  # noqa: BLE001
                 log.exception("abort after a failed step failed")
-            del self._active[a.request.request_id]
-            if a.request.is_finished:
-                self.engine.forget(a.request.request_id)
+            del self._active[rid]
             self._num_done += 1
-            a.stream.put(StreamEvent(error=message, status=500, finish_reason="abort"))
+            why = message if isinstance(message, str) else message[rid]
+            a.stream.put(StreamEvent(error=why, status=500, finish_reason="abort",
+                                     num_prompt_tokens=a.request.num_prompt_tokens,
+                                     num_output_tokens=a.num_sent_tokens))
+        self.counters = self.engine.counters()

@@ -92,6 +92,9 @@ class ServerMetrics:
                                          "finished requests.", labels, registry=r)
         self.success = Counter(PREFIX + "request_success", "Finished requests by reason.",
                                [*labels, "finished_reason"], registry=r)
+        self.errors = Counter(PREFIX + "request_errors", "Requests answered with an error (or "
+                              "failed mid-stream), by HTTP status.", [*labels, "status"],
+                              registry=r)
 
     def watch(self, loop: EngineLoop) -> None:
         """Report the loop's load gauges (once). Changes state."""
@@ -113,6 +116,10 @@ class ServerMetrics:
         itl = self.itl.labels(name)
         for gap in np.diff(m.token_times[:f.num_output_tokens]):
             itl.observe(float(gap))
+
+    def count_error(self, status: int) -> None:
+        """Count one error answer (any thread). Changes state."""
+        self.errors.labels(self.model_name, str(status)).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

@@ -2,24 +2,30 @@
 
 A first signal stops new requests (HTTP 503), lets in-flight ones finish for up to
 `drain_timeout` seconds, aborts what is left, then shuts uvicorn down; the process exits 0. A
-second signal exits at once.
+second signal ends the process at once by that signal (a shell shows 128 + its number),
+dropping what is in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import uvicorn
 
+from schedlab import __version__
 from schedlab.config import EngineConfig
 from schedlab.serve.app import ServeState, build_app
 from schedlab.serve.loop import EngineLoop, build_engine
+from schedlab.serve.prepare import ModelInfo
 from schedlab.serve.prom import ServerMetrics
+from schedlab.tokenizer import has_tokenizer, load_tokenizer
 
 log = logging.getLogger("schedlab.serve")
 
@@ -34,29 +40,38 @@ class ServerOptions:
     Args:
         host: the address to bind (127.0.0.1: this machine only).
         port: the TCP port; 0 picks a free one (see `Server.port`).
-        model_name: the name clients send as `model`.
+        model_names: the names clients may send as `model` (answers carry the first);
+            empty: the tokenizer's directory (clients load the tokenizer from it, as vLLM's
+            model path), else the engine's model.
         max_waiting: answer 503 while this many requests wait in the engine's queue (None: no
             limit).
         drain_timeout: seconds in-flight requests get to finish after SIGINT / SIGTERM.
         log_level: uvicorn's log level.
+        max_request_bytes: the largest request body taken (413 beyond); None:
+            `default_max_request_bytes` of the engine.
+        api_key: required as `Authorization: Bearer <key>` on every path but /health,
+            /metrics and /version; None: no key.
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
-    model_name: str = "schedlab"
+    model_names: tuple[str, ...] = ()
     max_waiting: int | None = None
     drain_timeout: float = 30.0
     log_level: str = "info"
+    max_request_bytes: int | None = None
+    api_key: str | None = None
 
 
-def load_tokenizer(model: str):
-    """The checkpoint's tokenizer, or None for a directory without one (or a preset name)."""
-    p = Path(model)
-    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return None
-    from transformers import AutoTokenizer
+#: hosts that only this machine reaches
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
-    return AutoTokenizer.from_pretrained(p)
+
+def default_max_request_bytes(max_model_len: int, vocab_size: int) -> int:
+    """Room for the longest prompt the engine takes, written as generously as a client may
+    (token ids of the vocabulary's widest, or text at 16 bytes a token), and 1 MiB at least."""
+    per_token = max(16, len(str(vocab_size - 1)) + 2)
+    return max(1 << 20, 4 * max_model_len * per_token)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -75,7 +90,12 @@ class _Uvicorn(uvicorn.Server):
         # NOTE: nothing is appended to _captured_signals, so uvicorn does not re-raise the
         # signal after shutting down and the process exits 0.
         if self.owner.drain_started:
-            self.should_exit = self.force_exit = True
+            n = self.owner.loop.num_active
+            print(f"schedlab serve: second signal: exiting now, {n} requests in flight "
+                  "dropped", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            signal.signal(sig, signal.SIG_DFL)  # NOTE: ended by the signal itself, at once
+            os.kill(os.getpid(), sig)
             return
         self.owner.drain()
 
@@ -90,14 +110,24 @@ class Server:
 
     def __init__(self, config: EngineConfig, options: ServerOptions) -> None:
         self.options = options
-        self.engine = build_engine(config)
-        self.tokenizer = load_tokenizer(config.model)
-        self.metrics = ServerMetrics(options.model_name)
-        self.loop = EngineLoop(self.engine, self.tokenizer, options.max_waiting,
+        self.engine = engine = build_engine(config)
+        path = getattr(engine.executor, "tokenizer_path", None) or config.model
+        self.tokenizer = load_tokenizer(path)
+        names = options.model_names or (path if has_tokenizer(path) else config.model,)
+        self.model_names: tuple[str, ...] = tuple(names)
+        vocab = engine.model_spec.vocab_size
+        self.max_request_bytes = options.max_request_bytes or default_max_request_bytes(
+            engine.max_model_len, vocab)
+        self.metrics = ServerMetrics(self.model_names[0])
+        self.loop = EngineLoop(engine, self.tokenizer, options.max_waiting,
                                on_finished=self.metrics.observe)
         self.metrics.watch(self.loop)
-        self.app = build_app(ServeState(self.loop, options.model_name, self.engine.max_model_len,
-                                        self.tokenizer, self.metrics))
+        info = ModelInfo(self.model_names, engine.max_model_len, vocab, self.tokenizer)
+        self.app = build_app(ServeState(self.loop, info, self.metrics, self.max_request_bytes,
+                                        options.api_key, __version__))
+        if options.host not in LOOPBACK and options.api_key is None:
+            log.warning("serving on %s without an API key: anyone who reaches this address can "
+                        "use the model (set --api-key or SCHEDLAB_API_KEY)", options.host)
         uv = uvicorn.Config(self.app, host=options.host, port=options.port,
                             log_level=options.log_level, timeout_graceful_shutdown=10,
                             lifespan="off")

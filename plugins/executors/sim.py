@@ -10,9 +10,11 @@ from schedlab.config import ConfigError, EngineConfig
 from schedlab.executor import Executor, ExecutorOutput
 from schedlab.model import resolve_dtype
 from schedlab.plan import SchedulerOutput
+from schedlab.request import Request
 from schedlab.sim.costmodel import CostModel, StepShape, decode_pad_waste
 from schedlab.sim.hardware import HardwareProfile, resolve_hardware, with_overrides
 from schedlab.sim.model_presets import ModelPreset, resolve_model
+from schedlab.tokenizer import has_tokenizer, tiny_tokenizer_dir, visible_token_ids
 
 
 class SimExecutor(Executor):
@@ -30,6 +32,8 @@ class SimExecutor(Executor):
             as the base). Default `cpu`.
         tp: tensor-parallel degree.
         dtype: weight and KV dtype; default the hardware profile's.
+        tokenizer: a local tokenizer directory for the output tokens (and the server's text);
+            default the model directory's own, else the built-in tiny tokenizer.
         **overrides: any profile field (`linear_efficiency`, `step_overhead`, ...).
     """
 
@@ -39,6 +43,7 @@ class SimExecutor(Executor):
         hardware: str | dict[str, Any] | HardwareProfile | None = None,
         tp: int = 1,
         dtype: str | None = None,
+        tokenizer: str | None = None,
         **overrides: Any,
     ) -> None:
         self.config = config
@@ -60,6 +65,29 @@ class SimExecutor(Executor):
         self.block_size = config.block_size
         eos = set(self.model_spec.eos_token_ids)
         self.placeholder = next(t for t in range(len(eos) + 1) if t not in eos)
+        self._tokenizer = tokenizer
+        self._words: list[int] | None = None
+
+    def _own_tokenizer(self) -> str | None:
+        if self._tokenizer is not None:
+            return self._tokenizer
+        return self.config.model if has_tokenizer(self.config.model) else None
+
+    @property
+    def tokenizer_path(self) -> str:
+        """The tokenizer directory the output tokens come from (the tiny one saved on first
+        use when neither the option nor the model names one)."""
+        return self._own_tokenizer() or str(tiny_tokenizer_dir())
+
+    def _output_token(self, req: Request) -> int:
+        if self._words is None:  # NOTE: the tiny tokenizer in memory: a run needs no files
+            self._words = visible_token_ids(self._own_tokenizer(), self.model_spec.vocab_size,
+                                            set(self.model_spec.eos_token_ids))
+        stops = req.sampling_params.stop_token_ids
+        words = [t for t in self._words if t not in stops] if stops else self._words
+        if not words:
+            return self._token_avoiding(stops) if stops else self.placeholder
+        return words[req.num_output_tokens % len(words)]
 
     def kv_cache_spec(self, block_size: int) -> KVCacheSpec:
         s = self.model_spec
@@ -98,12 +126,8 @@ class SimExecutor(Executor):
         clock = self.clock
         assert isinstance(clock, VirtualClock), "the simulator's clock must be a VirtualClock"
         clock.advance(dt)
-        tok = self.placeholder
-        sampled: list[int | None] = [tok if s else None for s in samples]
-        for i, sr in enumerate(plan.scheduled):
-            stops = sr.request.sampling_params.stop_token_ids
-            if stops and samples[i]:
-                sampled[i] = self._token_avoiding(stops)
+        sampled = [self._output_token(sr.request) if s else None
+                   for sr, s in zip(plan.scheduled, samples, strict=True)]
         return ExecutorOutput(sampled, dt)
 
     def _token_avoiding(self, stops: list[int]) -> int:
