@@ -209,7 +209,7 @@ def test_llm_generate_refuses_misaligned_metadata():
 def sim_server():
     from schedlab.serve.server import Server, ServerOptions
 
-    with Server(sim(), ServerOptions(port=0, model_name="sim", log_level="warning")) as s:
+    with Server(sim(), ServerOptions(port=0, model_names=("sim",), log_level="warning")) as s:
         yield s
 
 

@@ -156,14 +156,21 @@ def test_second_signal_exits_at_once_without_tracebacks(tmp_path):
     assert "second signal" in out
 
 
-def test_request_metadata_reaches_the_engine(server):
-    body = {"prompt": [4, 5], "max_tokens": 400, "ignore_eos": True, "stream": True,
+def test_request_metadata_reaches_the_engine(server, monkeypatch):
+    engine = server.engine
+    seen = []
+    add = engine.add_request
+
+    def recording_add(*args, **kwargs):
+        req = add(*args, **kwargs)
+        seen.append((req.client_id, req.priority, req.deadline_ms, req.slo_class))
+        return req
+
+    monkeypatch.setattr(engine, "add_request", recording_add)
+    body = {"prompt": [4, 5], "max_tokens": 4, "ignore_eos": True,
             "user": "alice", "priority": -3, "deadline_ms": 500, "slo_class": "interactive"}
-    with httpx.stream("POST", server.base_url + "/v1/completions", json=body) as r:
-        next(r.iter_lines())
-        seen = server.loop.call(lambda e: [(q.client_id, q.priority, q.deadline_ms, q.slo_class)
-                                           for q in e.requests.values()]).result(10)
-    assert ("alice", -3, 500.0, "interactive") in seen
+    assert httpx.post(server.base_url + "/v1/completions", json=body).status_code == 200
+    assert seen == [("alice", -3, 500.0, "interactive")]
     bad = httpx.post(server.base_url + "/v1/completions",
                      json={"prompt": [1], "priority": "high"})
     assert bad.status_code == 400 and "priority" in bad.json()["error"]["message"]
