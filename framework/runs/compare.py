@@ -1,23 +1,32 @@
 """Paired comparisons over seeds: is one setting of a swept parameter better than another?
 
-A sweep that runs every point with several seeds (`schedlab run -m ... seed=0,1,2,3,4,5,6,7`)
-gives, for two values of one parameter, runs that differ only in that parameter and share a
-seed, i.e. the same workload draw. `compare_runs` pairs them seed by seed within every
-combination of the other swept parameters, and per metric reports the paired differences
-(candidate - baseline), their mean and median, a bootstrap confidence interval of the mean
-difference (`schedlab.runs.bootstrap`), the paired ratio (geometric mean of candidate /
-baseline, with its interval), and a verdict: "not significant" where the interval covers 0.
+A sweep that runs every point with several seeds (`schedlab run -m ... seed=0,1,2,3,4`) gives,
+for two values of one parameter, runs that differ only in that parameter and share a seed,
+i.e. the same workload draw. `compare_runs` pairs them seed by seed within every combination
+of the other swept parameters and, per metric, tests the paired differences (candidate -
+baseline) with one method:
 
-Pairing removes the workload's share of the run-to-run noise (both sides saw the same
-requests), so a paired interval is much narrower than comparing two sets of seeds would be.
+- "t" (the default): the mean difference with its paired t interval and p-value. It assumes
+  the mean of the differences is normal (roughly normal differences), and it is the one
+  method that can say something at 3-5 seeds: the exact rank tests cannot reach 95% below 6
+  pairs (their smallest two-sided p-value is 2 / 2^n = 0.0625 at 5), and a percentile
+  bootstrap of 5 values is too narrow (its "95%" interval from 3 pairs is [min, max]).
+  The paired t test is what a reviewer expects at a handful of seeds, with its assumption
+  stated; use "wilcoxon" or "sign" from 6 seeds on to drop it.
+- "wilcoxon": the Hodges-Lehmann estimate with the exact signed-rank interval and p-value
+  (assumes the differences symmetric).
+- "sign": the median difference with its exact order-statistic interval and p-value.
+- "percentile", "bca": a bootstrap interval of `statistic` (mean or median), for many seeds;
+  below `min_pairs(confidence)` pairs (6 at 95%) the verdict is "too few seeds".
 
-The bootstrap resamples the pairs with a seeded generator, so the same runs give the same
-intervals. A percentile bootstrap cannot reach a confidence level from very few pairs: with n
-pairs the most extreme resample (every draw the smallest difference) has probability n^-n, and
-with 3 pairs a "95%" interval is just [min, max] of the differences, which excludes 0 for a quarter
-of pure-noise comparisons. So below `min_pairs(confidence)` pairs (6 at 95%: the smallest n at
-which even an exact sign test can reach the level) the verdict is "too few seeds", whatever
-the interval says.
+Every number in a row is the method's statistic: with "t" the baseline, candidate and
+difference are means (so candidate - baseline = the difference), with the rank tests medians;
+the ratio is the same statistic of log(candidate / baseline), back-transformed (the geometric
+mean ratio for "t"). Pairing removes the workload's share of the run-to-run noise.
+
+Metric names may be a group's: `per_client.<id>.<metric>`, `per_slo_class.<name>.<metric>`,
+with a glob for the id (`per_client.light*.mean_ttft_ms`, the mean over the matching
+clients); see `schedlab.runs.metric_names`.
 """
 
 from __future__ import annotations
@@ -31,12 +40,18 @@ from typing import Any
 
 import numpy as np
 
-from schedlab.runs.bootstrap import METHODS, STATISTICS, Interval, bootstrap_ci, min_pairs
+from schedlab.runs.bootstrap import STATISTICS, Interval, bootstrap_ci, min_pairs
+from schedlab.runs.metric_names import is_number, metric_value, unknown_metric_message
+from schedlab.runs.paired import ESTIMATE, TESTS, min_pairs_for, paired_test
 from schedlab.runs.report import COLUMNS, ReportError, RunRecord, find_runs, swept_parameters
 
 #: config keys that hold a run's seed, in the order they are tried for pairing
 SEED_KEYS = ("seed", "engine.seed")
 SIGNIFICANT, NOT_SIGNIFICANT, TOO_FEW = "significant", "not significant", "too few seeds"
+#: every --method: the paired tests first (t is the default), then the bootstraps
+BOOTSTRAPS = ("percentile", "bca")
+METHODS = (*TESTS, *BOOTSTRAPS)
+DEFAULT_METHOD = "t"
 
 
 class CompareError(ValueError):
@@ -47,20 +62,22 @@ class CompareError(ValueError):
 class MetricDiff:
     """One metric, candidate vs baseline, over the seeds both have.
 
-    `mean_diff`, `median_diff` and `ci` are candidate - baseline in the metric's unit; `ratio`
-    is the geometric mean of candidate / baseline over the pairs (None unless every value is
-    positive). `ci` and `ratio_ci` are None with fewer than 2 pairs.
+    `baseline`, `candidate` and `diff` (candidate - baseline, in the metric's unit) are the
+    report's `statistic` over the pairs; `ci` is the interval of `diff`; `ratio` and
+    `ratio_ci` the same statistic of candidate / baseline (None unless every value is
+    positive); `p_value` the test's (None for a bootstrap, or where the method cannot reach
+    the confidence from `n` pairs).
     """
 
     metric: str
     n: int
-    baseline: float | None  # median over the paired seeds
+    baseline: float | None
     candidate: float | None
-    mean_diff: float | None
-    median_diff: float | None
+    diff: float | None
     ci: Interval | None
     ratio: float | None
     ratio_ci: Interval | None
+    p_value: float | None
     verdict: str  # SIGNIFICANT | NOT_SIGNIFICANT | TOO_FEW
 
     @property
@@ -88,7 +105,7 @@ class CompareReport:
     implied: tuple[str, ...]  # swept keys that change together with `by` (a variant's parts)
     confidence: float
     method: str
-    statistic: str
+    statistic: str  # what every number of a row is: mean, median or pseudo-median
     resamples: int
     seed: int
     min_pairs: int
@@ -100,42 +117,68 @@ class CompareReport:
         return sum(m.verdict != TOO_FEW for c in self.comparisons for m in c.metrics)
 
 
+def row_statistic(method: str, statistic: str = "mean") -> str:
+    """What the numbers of a row are under `method`: mean, median or pseudo-median."""
+    return ESTIMATE.get(method, statistic)
+
+
+def needed_pairs(method: str, confidence: float) -> int:
+    """The fewest pairs for a verdict other than TOO_FEW under `method`."""
+    return min_pairs(confidence) if method in BOOTSTRAPS else min_pairs_for(method, confidence)
+
+
 # ---- one metric ---------------------------------------------------------------------
 def diff_metric(metric: str, base: Sequence[float | None], cand: Sequence[float | None],
-                confidence: float = 0.95, resamples: int = 10_000, method: str = "percentile",
-                statistic: str = "mean", seed: int = 0,
+                confidence: float = 0.95, method: str = DEFAULT_METHOD,
+                statistic: str = "mean", resamples: int = 10_000, seed: int = 0,
                 needed: int | None = None) -> MetricDiff:
     """Compare paired values of one metric (base[i] and cand[i] share a seed).
 
-    Pairs where either side is missing or not finite are left out. The interval is of the
-    `statistic` (mean or median) of cand - base; the verdict is TOO_FEW below `needed` pairs
-    (default `min_pairs(confidence)`), else NOT_SIGNIFICANT where the interval covers 0.
+    Pairs where either side is missing or not finite are left out. The verdict is TOO_FEW
+    below `needed` pairs (default `needed_pairs(method, confidence)`) or where the method
+    cannot reach the confidence, else SIGNIFICANT when the test rejects "no difference" (a
+    bootstrap: when the interval excludes 0).
     """
     pairs = [(float(b), float(c)) for b, c in zip(base, cand, strict=True)
-             if _finite(b) and _finite(c)]
+             if is_number(b) and is_number(c)]
     n = len(pairs)
-    needed = min_pairs(confidence) if needed is None else needed
+    needed = needed_pairs(method, confidence) if needed is None else needed
     if n == 0:
         return MetricDiff(metric, 0, None, None, None, None, None, None, None, TOO_FEW)
     b = np.array([p[0] for p in pairs])
     c = np.array([p[1] for p in pairs])
-    d = c - b
-    ci = ratio = ratio_ci = None
+    stat = row_statistic(method, statistic)
+    center = np.mean if stat == "mean" else np.median
     positive = bool(np.all(b > 0) and np.all(c > 0))
-    if positive:
-        ratio = float(np.exp(np.mean(np.log(c / b))))
-    if n >= 2:
-        kw = dict(confidence=confidence, resamples=resamples, method=method, seed=seed)
-        ci = bootstrap_ci(d, statistic, **kw)
-        if positive:
-            log_ci = bootstrap_ci(np.log(c / b), "mean", **kw)
-            ratio_ci = Interval(math.exp(log_ci.lo), math.exp(log_ci.hi))
-    if n < max(needed, 2):
+    logs = np.log(c / b) if positive else None
+    ratio = ratio_ci = p = None
+    if method in TESTS:
+        res = paired_test(method, c - b, confidence)
+        diff, ci, p = res.estimate, res.ci, res.p_value
+        if logs is not None:
+            lr = paired_test(method, logs, confidence)
+            ratio = math.exp(lr.estimate)
+            ratio_ci = Interval(math.exp(lr.ci.lo), math.exp(lr.ci.hi)) if lr.ci else None
+        judged = p is not None
+        rejects = judged and p < 1.0 - confidence
+    else:
+        diff, ci = float(center(c - b)), None
+        if n >= 2:
+            kw = dict(confidence=confidence, resamples=resamples, method=method, seed=seed)
+            ci = bootstrap_ci(c - b, stat, **kw)
+            if logs is not None:
+                log_ci = bootstrap_ci(logs, stat, **kw)
+                ratio_ci = Interval(math.exp(log_ci.lo), math.exp(log_ci.hi))
+        if logs is not None:
+            ratio = math.exp(float(center(logs)))
+        judged = ci is not None
+        rejects = judged and not ci.covers(0.0)
+    if n < max(needed, 2) or not judged:
         verdict = TOO_FEW
     else:
-        verdict = NOT_SIGNIFICANT if ci.covers(0.0) else SIGNIFICANT
-    return MetricDiff(metric, n, float(np.median(b)), float(np.median(c)), float(np.mean(d)),
-                      float(np.median(d)), ci, ratio, ratio_ci, verdict)
+        verdict = SIGNIFICANT if rejects else NOT_SIGNIFICANT
+    return MetricDiff(metric, n, float(center(b)), float(center(c)), float(diff), ci, ratio,
+                      ratio_ci, p, verdict)
 
 
 # ---- pairing runs ----------------------------------------------------------------------
@@ -153,8 +196,9 @@ def load_runs(root: Path) -> list[RunRecord]:
 
 def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
                  metrics: Sequence[str] | None = None, confidence: float = 0.95,
-                 resamples: int = 10_000, method: str = "percentile", statistic: str = "mean",
-                 seed: int = 0, needed: int | None = None) -> CompareReport:
+                 resamples: int = 10_000, method: str = DEFAULT_METHOD,
+                 statistic: str = "mean", seed: int = 0,
+                 needed: int | None = None) -> CompareReport:
     """Compare every value of the swept parameter `by` with `baseline`, paired by seed.
 
     Runs are grouped by the other swept parameters (the context); within a context, each
@@ -167,9 +211,13 @@ def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
         by: the config key compared, e.g. "scheduler.name"; it must differ between runs.
         baseline: the value compared against (matched on its text too, so "8" finds 8);
             default the first value in order (None, then numbers ascending, then text).
-        metrics: results.json keys; default the report's columns that the runs have.
-        confidence, resamples, method, statistic, seed: see `bootstrap_ci`.
-        needed: pairs needed for a verdict other than TOO_FEW (default `min_pairs`).
+        metrics: results.json keys or group metrics (`per_client.light*.mean_ttft_ms`);
+            default the report's columns that the runs have.
+        confidence: the two-sided level of every interval and test.
+        method: one of METHODS (see the module's docstring).
+        statistic: mean or median, for a bootstrap method (the tests fix their own).
+        resamples, seed: the bootstrap's (see `bootstrap_ci`).
+        needed: pairs needed for a verdict other than TOO_FEW (default `needed_pairs`).
 
     Returns:
         A CompareReport with one Comparison per (context, candidate value).
@@ -183,8 +231,8 @@ def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
     if resamples < 100:
         raise CompareError(f"--resamples must be at least 100, not {resamples}")
     if method not in METHODS or statistic not in STATISTICS:
-        raise CompareError(f"method must be one of {', '.join(METHODS)} and statistic one of "
-                           f"{', '.join(STATISTICS)}")
+        raise CompareError(f"--method must be one of {', '.join(METHODS)} and --statistic one "
+                           f"of {', '.join(STATISTICS)}, not {method} and {statistic}")
     swept = swept_parameters(runs)
     if by not in swept:
         others = [k for k in swept if k not in SEED_KEYS]
@@ -226,15 +274,17 @@ def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
                 continue
             seeds = sorted(set(b_cell) & set(c_cell), key=_order)
             unpaired = sorted(set(b_cell) ^ set(c_cell), key=_order)
-            diffs = tuple(diff_metric(m, [b_cell[s].metrics.get(m) for s in seeds],
-                                      [c_cell[s].metrics.get(m) for s in seeds], **kw)
+            diffs = tuple(diff_metric(m, [metric_value(b_cell[s].metrics, m) for s in seeds],
+                                      [metric_value(c_cell[s].metrics, m) for s in seeds],
+                                      **kw)
                           for m in metrics)
             comparisons.append(Comparison(value, contexts[ck], tuple(seeds), tuple(unpaired),
                                           diffs))
     if not any(len(c.seeds) >= 2 for c in comparisons):
         raise CompareError(_no_pairs_reason(runs, by, base, comparisons))
-    return CompareReport(by, base, implied, confidence, method, statistic, resamples, seed,
-                         min_pairs(confidence) if needed is None else needed,
+    return CompareReport(by, base, implied, confidence, method,
+                         row_statistic(method, statistic), resamples, seed,
+                         needed_pairs(method, confidence) if needed is None else needed,
                          tuple(comparisons))
 
 
@@ -267,14 +317,13 @@ def _moves_with(runs: Sequence[RunRecord], by: str, key: str) -> bool:
 
 
 def _metrics(runs: Sequence[RunRecord], asked: Sequence[str] | None) -> list[str]:
-    numeric = sorted({k for r in runs for k, v in r.metrics.items() if _finite(v)})
     if not asked:
+        numeric = sorted({k for r in runs for k, v in r.metrics.items() if is_number(v)})
         chosen = [k for k, _ in COLUMNS if k in numeric]
         return chosen or numeric
-    unknown = [m for m in asked if m not in numeric]
-    if unknown:
-        raise CompareError(f"metric {unknown[0]!r} is not a number in these results; "
-                           f"numeric metrics: {', '.join(numeric)}")
+    for m in asked:
+        if all(metric_value(r.metrics, m) is None for r in runs):
+            raise CompareError(unknown_metric_message(m, [r.metrics for r in runs]))
     return list(dict.fromkeys(asked))
 
 
@@ -285,10 +334,6 @@ def _match(arg: Any, values: Sequence[Any], by: str) -> Any:
             return v
     raise CompareError(f"--baseline {arg} is not a value of {by} in these runs; values: "
                        f"{', '.join(_text(v) for v in values)}")
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _key(v: Any) -> str:
@@ -302,6 +347,6 @@ def _text(v: Any) -> str:
 def _order(v: Any) -> tuple[int, Any]:
     if v is None:
         return (0, 0)
-    if _finite(v):
+    if is_number(v):
         return (1, v)
     return (2, str(v))
