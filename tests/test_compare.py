@@ -316,8 +316,9 @@ def test_paired_tests_match_their_textbook_values():
     assert wilcoxon_test(six, 0.95).p_value == pytest.approx(2 / 64)
     assert wilcoxon_test(six * [-1, 1, 1, 1, 1, 1], 0.95).p_value == pytest.approx(4 / 64)
     assert sign_test(six, 0.95).p_value == pytest.approx(2 / 64)
-    # below 6 pairs the exact tests cannot reach 95%: no interval and no p-value
-    assert wilcoxon_test(d, 0.95).p_value is None and sign_test(d, 0.95).ci is None
+    # below 6 pairs the exact tests cannot reach 95%: no interval, the smallest p is 2 / 2^n
+    assert wilcoxon_test(d, 0.95).ci is None and sign_test(d, 0.95).ci is None
+    assert wilcoxon_test(d, 0.95).p_value == pytest.approx(2 / 32)
     assert [min_pairs_for(m, 0.95) for m in ("t", "wilcoxon", "sign")] == [2, 6, 6]
 
 
@@ -338,7 +339,9 @@ def test_five_seeds_give_a_verdict_only_where_the_method_can(tmp_path, method, v
     m = compare_runs(runs, by="scheduler.name", baseline="static", method=method,
                      metrics=["output_throughput"]).comparisons[0].metrics[0]
     assert m.verdict == verdict
-    assert (m.p_value is not None) == (method == "t")
+    assert (m.p_value is None) == (method == "percentile")
+    if method in ("wilcoxon", "sign"):
+        assert m.p_value == pytest.approx(2 / 32) and m.ci is None  # the smallest p at n = 5
 
 
 def test_median_methods_show_medians_throughout(tmp_path):

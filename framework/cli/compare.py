@@ -99,6 +99,7 @@ def to_markdown(report: CompareReport, source: str = "") -> str:
     pct = f"{100 * r.confidence:g}%"
     stat = r.statistic
     rstat = "geometric mean" if stat == "mean" else stat
+    side = "mean" if stat == "mean" else "median"
     head = [f"# schedlab compare: {r.by} (baseline {_text(r.baseline)})", ""]
     if source:
         head += [f"{source}; paired by seed"
@@ -107,13 +108,13 @@ def to_markdown(report: CompareReport, source: str = "") -> str:
         head += [f"Also changes with {r.by}: {', '.join(r.implied)}.", ""]
     how = _HOW[r.method] + (f" ({r.resamples} resamples, seed {r.seed})"
                             if r.method in BOOTSTRAPS else "")
-    head += [f"Each row, over the n seeds both sides ran: the {stat} of the baseline, the "
-             f"{stat} of the candidate, the {stat} of the paired differences (candidate - "
+    head += [f"Each row, over the n seeds both sides ran: the {side} of the baseline, the "
+             f"{side} of the candidate, the {stat} of the paired differences (candidate - "
              f"baseline) with its {pct} interval, and the {rstat} of the paired ratios "
              f"(candidate / baseline) with its interval. Intervals: {how}. "
              f"\"significant\": the test rejects no difference at {pct}; \"too few seeds\": "
              f"under {r.min_pairs} pairs, too few for this method to reach {pct}.", ""]
-    header = [*ctx, r.by, "metric", "n", f"baseline ({stat})", f"candidate ({stat})",
+    header = [*ctx, r.by, "metric", "n", f"baseline ({side})", f"candidate ({side})",
               f"difference ({stat}) [{pct} CI]", f"ratio ({rstat}) [{pct} CI]", "p", "verdict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in r.comparisons:

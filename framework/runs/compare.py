@@ -62,11 +62,11 @@ class CompareError(ValueError):
 class MetricDiff:
     """One metric, candidate vs baseline, over the seeds both have.
 
-    `baseline`, `candidate` and `diff` (candidate - baseline, in the metric's unit) are the
-    report's `statistic` over the pairs; `ci` is the interval of `diff`; `ratio` and
-    `ratio_ci` the same statistic of candidate / baseline (None unless every value is
-    positive); `p_value` the test's (None for a bootstrap, or where the method cannot reach
-    the confidence from `n` pairs).
+    `diff` (candidate - baseline, in the metric's unit) is the report's `statistic` over the
+    pairs, `baseline` and `candidate` the mean (statistic mean) or median of each side; `ci`
+    is the interval of `diff`; `ratio` and `ratio_ci` the same statistic of candidate /
+    baseline (None unless every value is positive); `p_value` the test's (None for a
+    bootstrap, or t from one pair).
     """
 
     metric: str
@@ -148,7 +148,7 @@ def diff_metric(metric: str, base: Sequence[float | None], cand: Sequence[float 
     b = np.array([p[0] for p in pairs])
     c = np.array([p[1] for p in pairs])
     stat = row_statistic(method, statistic)
-    center = np.mean if stat == "mean" else np.median
+    center = np.mean if stat == "mean" else np.median  # of each side (pseudo-median: median)
     positive = bool(np.all(b > 0) and np.all(c > 0))
     logs = np.log(c / b) if positive else None
     ratio = ratio_ci = p = None
@@ -159,7 +159,7 @@ def diff_metric(metric: str, base: Sequence[float | None], cand: Sequence[float 
             lr = paired_test(method, logs, confidence)
             ratio = math.exp(lr.estimate)
             ratio_ci = Interval(math.exp(lr.ci.lo), math.exp(lr.ci.hi)) if lr.ci else None
-        judged = p is not None
+        judged = ci is not None and p is not None
         rejects = judged and p < 1.0 - confidence
     else:
         diff, ci = float(center(c - b)), None

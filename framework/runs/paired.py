@@ -3,8 +3,8 @@ exact Wilcoxon signed-rank test and the exact sign test. No SciPy.
 
 Each takes the paired differences d_i = candidate_i - baseline_i and returns a `TestResult`:
 the estimate (mean, Hodges-Lehmann pseudo-median, median), its interval at the confidence
-asked, and a two-sided p-value for "no difference". `None` for the interval and p-value means
-the method cannot reach that confidence from so few pairs (`min_pairs_for`).
+asked, and a two-sided p-value for "no difference". A `None` interval means the method cannot
+reach that confidence from so few pairs (`min_pairs_for`): its smallest p-value is above it.
 
 What each assumes about the differences (independent across seeds in every case):
 - t: their mean is normally distributed (the differences roughly normal; a t interval is
@@ -36,7 +36,8 @@ _EXACT_MAX = 16
 
 @dataclass(frozen=True, slots=True)
 class TestResult:
-    """One paired test: its estimate, interval (None: unreachable) and p-value (None: ditto)."""
+    """One paired test: its estimate, interval (None: unreachable) and p-value (None: t from
+    one pair)."""
 
     estimate: float
     ci: Interval | None
@@ -144,7 +145,7 @@ def wilcoxon_test(d: np.ndarray, confidence: float) -> TestResult:
         sd = math.sqrt(float((ranks**2).sum()) / 4.0)
         p = 2.0 * (1.0 - NormalDist().cdf(max(abs(w_plus - mean) - 0.5, 0.0) / sd))
     if n < min_pairs_for("wilcoxon", confidence):
-        return TestResult(estimate, None, None)
+        return TestResult(estimate, None, min(1.0, p))
     # NOTE: the interval's order statistics come from the untied null distribution of n ranks
     k = _wilcoxon_k(n, 1.0 - confidence)
     ci = (Interval(float(walsh[k - 1]), float(walsh[len(walsh) - k])) if k is not None
@@ -186,11 +187,11 @@ def sign_test(d: np.ndarray, confidence: float) -> TestResult:
     nz = d[d != 0.0]
     if len(nz) == 0:
         return TestResult(estimate, Interval(0.0, 0.0), 1.0)
-    if n < min_pairs_for("sign", confidence):
-        return TestResult(estimate, None, None)
     m, pos = len(nz), int((nz > 0).sum())
     tail = sum(math.comb(m, i) for i in range(min(pos, m - pos) + 1)) / 2.0**m
     p = min(1.0, 2.0 * tail)
+    if n < min_pairs_for("sign", confidence):
+        return TestResult(estimate, None, p)
     # the interval [d_(k), d_(n+1-k)] with the largest k such that P(B < k) <= alpha / 2
     alpha, k, below = 1.0 - confidence, 0, 0.0
     while below + math.comb(n, k) / 2.0**n <= alpha / 2.0:
