@@ -132,3 +132,22 @@ def test_report_per_client_tables_carry_the_swept_columns(tmp_path):
     assert runs[0][:5] == ["run", "queue.name", "workload.arrival.rate", "seed", "group"]
     assert [r[0] for r in runs[1:]][:10:2] == ["0", "1", "2", "3", "4"]
     assert len(runs) == 1 + 16 * 2
+
+
+def test_run_plots_with_clients_add_a_per_client_figure_without_warnings(tmp_path):
+    from fakes import FakeExecutor
+
+    from schedlab.runs.plots import write_plots
+    from schedlab.runs.workload import WorkloadRequest
+
+    eng = Engine(EngineConfig(model="fake", max_num_seqs=2, max_model_len=64, num_kv_blocks=32,
+                              block_size=4), executor_cls=FakeExecutor)
+    reqs = [WorkloadRequest([5] * 8, 6, client_id="heavy" if i % 3 else "light",
+                            arrival_s=0.001 * i) for i in range(12)]
+    run = run_workload(eng, reqs)
+    m = compute_metrics(run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = write_plots(tmp_path, run, m)
+    assert [p.name for p in paths] == ["latency_cdf.png", "timeline.png", "clients.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
