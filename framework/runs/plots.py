@@ -91,6 +91,8 @@ def _timeline(path: Path, run: RunResult) -> Path:
     """KV slots (reserved, holding tokens; the pool's share on the right axis), the batch
     (running and scheduled requests) and the queue (waiting requests, preemptions), each on
     its own scale."""
+    from matplotlib.ticker import MaxNLocator
+
     steps = run.step_stats
     t = np.asarray([s.time - run.start_time for s in steps], dtype=float)
     fig, (kv_ax, batch_ax, queue_ax) = new_figure(3, 1, size=(4.2, 3.2))
@@ -134,6 +136,8 @@ def _timeline(path: Path, run: RunResult) -> Path:
     for ax in (kv_ax, batch_ax, queue_ax):
         ax.set_xlabel("time (s)")
         ax.grid(alpha=0.3)
+    for ax in (batch_ax, queue_ax):
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.savefig(path, dpi=100)
     return path
 
