@@ -17,6 +17,7 @@ from schedlab.runs.compare import (
     TOO_FEW,
     CompareError,
     compare_runs,
+    diff_metric,
     load_runs,
 )
 from schedlab.runs.metric_names import metric_value
@@ -354,3 +355,12 @@ def test_median_methods_show_medians_throughout(tmp_path):
                       if r.config["scheduler.name"] == "static")
         assert report.statistic == stat and m.baseline == pytest.approx(np.median(base))
         assert m.verdict == SIGNIFICANT and m.p_value < 0.05 and m.ci.lo > 0
+
+
+def test_a_difference_at_rounding_level_is_no_difference():
+    """The same schedule summed in another order: a constant 1e-13 shift is not a finding."""
+    base = [100.0 + s for s in range(5)]
+    m = diff_metric("mean_tpot_ms", base, [v + 1e-13 for v in base])
+    assert m.diff == 0.0 and m.verdict == NOT_SIGNIFICANT
+    shifted = diff_metric("mean_tpot_ms", base, [v + 0.5 for v in base])
+    assert shifted.verdict == SIGNIFICANT and shifted.diff == pytest.approx(0.5)

@@ -52,6 +52,8 @@ SIGNIFICANT, NOT_SIGNIFICANT, TOO_FEW = "significant", "not significant", "too f
 BOOTSTRAPS = ("percentile", "bca")
 METHODS = (*TESTS, *BOOTSTRAPS)
 DEFAULT_METHOD = "t"
+#: relative size under which a paired difference counts as none
+_ROUNDING = 1e-9
 
 
 class CompareError(ValueError):
@@ -151,9 +153,15 @@ def diff_metric(metric: str, base: Sequence[float | None], cand: Sequence[float 
     center = np.mean if stat == "mean" else np.median  # of each side (pseudo-median: median)
     positive = bool(np.all(b > 0) and np.all(c > 0))
     logs = np.log(c / b) if positive else None
+    d = c - b
+    # NOTE: a difference at rounding level (the same schedule summed in another order) is none
+    scale = float(max(np.abs(b).max(), np.abs(c).max()))
+    d[np.abs(d) <= _ROUNDING * scale] = 0.0
+    if logs is not None:
+        logs[np.abs(logs) <= _ROUNDING] = 0.0
     ratio = ratio_ci = p = None
     if method in TESTS:
-        res = paired_test(method, c - b, confidence)
+        res = paired_test(method, d, confidence)
         diff, ci, p = res.estimate, res.ci, res.p_value
         if logs is not None:
             lr = paired_test(method, logs, confidence)
@@ -162,10 +170,10 @@ def diff_metric(metric: str, base: Sequence[float | None], cand: Sequence[float 
         judged = ci is not None and p is not None
         rejects = judged and p < 1.0 - confidence
     else:
-        diff, ci = float(center(c - b)), None
+        diff, ci = float(center(d)), None
         if n >= 2:
             kw = dict(confidence=confidence, resamples=resamples, method=method, seed=seed)
-            ci = bootstrap_ci(c - b, stat, **kw)
+            ci = bootstrap_ci(d, stat, **kw)
             if logs is not None:
                 log_ci = bootstrap_ci(logs, stat, **kw)
                 ratio_ci = Interval(math.exp(log_ci.lo), math.exp(log_ci.hi))

@@ -1,5 +1,6 @@
 """`tradeoff.png` of `schedlab report`: one point per configuration (the median over its
-seeds, bars from the lowest to the highest seed), so seeds are never drawn as a line.
+seeds, bars its 95% percentile bootstrap interval, which is the range at 5 seeds or fewer), so
+seeds are never drawn as a line.
 
 The last numeric swept key (an arrival rate) joins its points in order and labels them; every
 combination of the other keys (a policy name) gets a colour, named in a legend outside the axes.
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from schedlab.runs.bootstrap import bootstrap_ci
 from schedlab.runs.plots import new_figure
 from schedlab.runs.report_tables import configurations, median
 
@@ -28,9 +30,15 @@ def _short(key: str) -> str:
 
 
 def _summary(members: Sequence[Any], key: str) -> tuple[float, float, float] | None:
+    """Median over the seeds and its 95% percentile bootstrap interval (seeded)."""
     xs = [r.metrics.get(key) for r in members]
     xs = [float(x) for x in xs if _number(x)]
-    return (median(xs), min(xs), max(xs)) if xs else None
+    if not xs:
+        return None
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    ci = bootstrap_ci(xs, "median", resamples=2000, seed=0)
+    return median(xs), ci.lo, ci.hi
 
 
 def tradeoff_plot(runs: Sequence[Any], point: Sequence[str], path: Path) -> Path:
@@ -74,7 +82,9 @@ def tradeoff_plot(runs: Sequence[Any], point: Sequence[str], path: Path) -> Path
     if len(series) > 1:
         title = categorical[0] if len(categorical) == 1 else None
         fig.legend(loc="outside right upper", fontsize=8, title=title, title_fontsize=8)
-    what = f"median of {seeds} seeds, bars: lowest to highest" if seeds > 1 else "one run each"
+    what = (f"median of {seeds} seeds, bars: 95% bootstrap interval of the median"
+            + (", the range at 5 seeds or fewer" if seeds <= 5 else "")
+            if seeds > 1 else "one run each")
     along = f"; labels: {', '.join(_short(p) for p in numeric)}" if numeric else ""
     fig.suptitle(f"{len(configs)} configurations ({what}{along})", fontsize=10)
     fig.savefig(path, dpi=110)
