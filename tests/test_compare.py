@@ -364,3 +364,38 @@ def test_a_difference_at_rounding_level_is_no_difference():
     assert m.diff == 0.0 and m.verdict == NOT_SIGNIFICANT
     shifted = diff_metric("mean_tpot_ms", base, [v + 0.5 for v in base])
     assert shifted.verdict == SIGNIFICANT and shifted.diff == pytest.approx(0.5)
+
+
+def test_a_wfq_queue_written_from_the_docs_beats_fcfs_for_light_clients_at_5_seeds(tmp_path):
+    """The issue's question end to end, in miniature: fcfs vs the WFQ fixture
+    (tests/fixtures/fairness/wfq_queue.py, as `module:Class`) over 5 seeds of a heavy client
+    and three light ones on a fake engine, then `compare` on a globbed client metric."""
+    import sys
+    from pathlib import Path
+
+    from fakes import FakeExecutor
+
+    from schedlab.config import EngineConfig
+    from schedlab.engine import Engine
+    from schedlab.runs.driver import run_workload
+    from schedlab.runs.metrics import compute_metrics
+    from schedlab.runs.workload import build_workload
+
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "fairness"))
+    spec = {"type": "synthetic", "num_requests": 40, "input_len": 8, "output_len": 6,
+            "arrival": {"process": "poisson", "rate": None},
+            "clients": [{"id": "heavy", "rate": 2000.0}, {"id": "light", "count": 3,
+                                                          "rate": 200.0}]}
+    i = 0
+    for queue in ("fcfs", "wfq_queue:WFQQueue"):
+        for seed in range(5):
+            eng = Engine(EngineConfig(model="fake", max_num_seqs=2, max_model_len=64,
+                                      num_kv_blocks=64, block_size=4, queue=queue),
+                         executor_cls=FakeExecutor)
+            run = run_workload(eng, build_workload(spec, 100, seed=seed))
+            write_results(tmp_path / str(i), compute_metrics(run),
+                          {"seed": seed, "queue": {"name": queue}})
+            i += 1
+    (m,) = compare_runs(load_runs(tmp_path), by="queue.name", baseline="fcfs",
+                        metrics=["per_client.light*.mean_ttft_ms"]).comparisons[0].metrics
+    assert m.n == 5 and m.verdict == SIGNIFICANT and m.ratio < 0.8
