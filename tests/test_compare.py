@@ -399,3 +399,11 @@ def test_a_wfq_queue_written_from_the_docs_beats_fcfs_for_light_clients_at_5_see
     (m,) = compare_runs(load_runs(tmp_path), by="queue.name", baseline="fcfs",
                         metrics=["per_client.light*.mean_ttft_ms"]).comparisons[0].metrics
     assert m.n == 5 and m.verdict == SIGNIFICANT and m.ratio < 0.8
+
+
+def test_default_metrics_add_each_client_groups_mean_ttft(tmp_path):
+    runs = load_runs(write_client_sweep(tmp_path, seeds=range(3)))
+    report = compare_runs(runs, by="queue.name", baseline="fcfs")
+    names = [m.metric for m in report.comparisons[0].metrics]
+    assert names[-2:] == ["per_client.heavy.mean_ttft_ms", "per_client.light*.mean_ttft_ms"]
+    assert "mean_ttft_ms" in names  # the report's columns come first

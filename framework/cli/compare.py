@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                         "group metrics (per_client.<id>.<metric>, per_slo_class.<name>."
                         "<metric>; the id may be a glob: per_client.light*.mean_ttft_ms is "
                         "the mean over the light clients), space or comma separated "
-                        "(default: the report's columns)")
+                        "(default: the report's columns, then each client group's mean TTFT)")
     parser.add_argument("--confidence", type=float, default=0.95, help="default 0.95")
     parser.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
                         help="t: paired t interval of the mean (default; assumes roughly "

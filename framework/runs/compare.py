@@ -41,7 +41,12 @@ from typing import Any
 import numpy as np
 
 from schedlab.runs.bootstrap import STATISTICS, Interval, bootstrap_ci, min_pairs
-from schedlab.runs.metric_names import is_number, metric_value, unknown_metric_message
+from schedlab.runs.metric_names import (
+    group_defaults,
+    is_number,
+    metric_value,
+    unknown_metric_message,
+)
 from schedlab.runs.paired import ESTIMATE, TESTS, min_pairs_for, paired_test
 from schedlab.runs.report import COLUMNS, ReportError, RunRecord, find_runs, swept_parameters
 
@@ -220,7 +225,8 @@ def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
         baseline: the value compared against (matched on its text too, so "8" finds 8);
             default the first value in order (None, then numbers ascending, then text).
         metrics: results.json keys or group metrics (`per_client.light*.mean_ttft_ms`);
-            default the report's columns that the runs have.
+            default the report's columns that the runs have, then each client group's and
+            SLO class's mean TTFT.
         confidence: the two-sided level of every interval and test.
         method: one of METHODS (see the module's docstring).
         statistic: mean or median, for a bootstrap method (the tests fix their own).
@@ -328,7 +334,9 @@ def _metrics(runs: Sequence[RunRecord], asked: Sequence[str] | None) -> list[str
     if not asked:
         numeric = sorted({k for r in runs for k, v in r.metrics.items() if is_number(v)})
         chosen = [k for k, _ in COLUMNS if k in numeric]
-        return chosen or numeric
+        groups = [g for g in group_defaults(r.metrics for r in runs)
+                  if any(metric_value(r.metrics, g) is not None for r in runs)]
+        return (chosen or numeric) + groups
     for m in asked:
         if all(metric_value(r.metrics, m) is None for r in runs):
             raise CompareError(unknown_metric_message(m, [r.metrics for r in runs]))

@@ -10,6 +10,7 @@ metric.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
@@ -71,6 +72,20 @@ def available(runs_metrics: Iterable[Mapping[str, Any]]) -> tuple[list[str], dic
     groups = {k: f"{k}.{{{','.join(ids[k])}}}.{{{','.join(names[k])}}}"
               for k in GROUP_KEYS if ids[k]}
     return sorted(top), groups
+
+
+def group_defaults(runs_metrics: Iterable[Mapping[str, Any]],
+                   metric: str = "mean_ttft_ms") -> list[str]:
+    """One name per group of clients or SLO classes: ids that differ only in a trailing number
+    (light0, light1) make one glob (`per_client.light*.mean_ttft_ms`)."""
+    out: dict[str, None] = {}
+    for m in runs_metrics:
+        for key in GROUP_KEYS:
+            for gid in m.get(key) or {}:
+                stem = re.sub(r"\d+$", "", str(gid))
+                out[f"{key}.{stem}*.{metric}" if stem and stem != str(gid)
+                    else f"{key}.{gid}.{metric}"] = None
+    return list(out)
 
 
 def unknown_metric_message(name: str, runs_metrics: Sequence[Mapping[str, Any]]) -> str:
