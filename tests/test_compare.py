@@ -11,15 +11,8 @@ import pytest
 
 from schedlab.cli import main as schedlab
 from schedlab.runs.bootstrap import bootstrap_ci, min_pairs
-from schedlab.runs.compare import (
-    NOT_SIGNIFICANT,
-    SIGNIFICANT,
-    TOO_FEW,
-    CompareError,
-    compare_runs,
-    diff_metric,
-    load_runs,
-)
+from schedlab.runs.compare import CompareError, compare_runs, load_runs
+from schedlab.runs.metric_diff import NOT_SIGNIFICANT, SIGNIFICANT, TOO_FEW, diff_metric
 from schedlab.runs.metric_names import metric_value
 from schedlab.runs.paired import min_pairs_for, paired_test, sign_test, t_test, wilcoxon_test
 from schedlab.runs.results import write_results

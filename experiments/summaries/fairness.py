@@ -4,7 +4,7 @@ backlogged: the case VTC's service-difference bound is about) and light ones (VT
 Clients are grouped by their id without its trailing number (`light0`, `light1` -> `light`).
 Besides the per-policy table, the write-up has one row per policy and client group: the
 group's median over seeds with its interval, and its paired ratio to FCFS (paired t over the
-seeds, `schedlab.runs.compare.diff_metric`, the default of `schedlab compare`).
+seeds, `schedlab.runs.metric_diff.diff_metric`, the default of `schedlab compare`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from schedlab.runs.compare import diff_metric
 from schedlab.runs.groups import jain_index
+from schedlab.runs.metric_diff import diff_metric
 from schedlab.runs.plots import new_figure
 
 from .common import CONFIDENCE, Metric, Spec, find, median_ci, paired_ratio, save, values

@@ -12,16 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schedlab.runs.compare import (
-    BOOTSTRAPS,
-    DEFAULT_METHOD,
-    METHODS,
-    TOO_FEW,
-    CompareError,
-    CompareReport,
-    compare_runs,
-    load_runs,
-)
+from schedlab.runs.compare import CompareError, CompareReport, compare_runs, load_runs
+from schedlab.runs.metric_diff import BOOTSTRAPS, DEFAULT_METHOD, METHODS, TOO_FEW
 
 PROG = "schedlab compare"
 
