@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/schedlab run $(ARGS)
+	$(VENV)/bin/schedlab run experiment=quickstart $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)

@@ -125,6 +125,8 @@ def render(spec: Spec, mode: str, keys: list[str], rows: list[Row], runs: Sequen
     doc = [f"# {spec.title} ({mode})", "", spec.claim, "", f"Setup: {setup_line(runs)}.", "",
            f"Each cell: median over seeds [{INTERVAL}{few}]; the CSV also has min and max.", "",
            *lines, ""]
+    if spec.sections is not None:
+        doc += spec.sections(rows, runs)
     notes = spec.notes(rows, runs)
     if notes:
         doc += ["## Summary", "", *(f"- {n}" for n in notes), ""]

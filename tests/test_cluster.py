@@ -250,7 +250,7 @@ def test_ctrl_c_mid_run_aborts_everything_and_writes_partial_results(tmp_path, m
     monkeypatch.setattr(Instance, "step", step)
     monkeypatch.setattr(app, "INTERRUPTED", [])
     s = _settings(tmp_path, "cluster=disaggregated", "workload.arrival.process=poisson",
-                  "workload.arrival.rate=50")
+                  "workload.arrival.rate=50", "workload.output_len.max=32")
     with pytest.raises(KeyboardInterrupt):
         app.execute(s)
     saved = json.loads((tmp_path / "results.json").read_text())

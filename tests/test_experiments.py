@@ -87,7 +87,8 @@ def check_outputs(sweep: Path, name: str, mode: str, num_points: int, seeds: int
     columns = [c.strip() for c in header.strip("|").split("|")]
     assert set(EXPECTED[name]) <= set(columns), columns
     assert [m.label for m in spec.metrics] == columns[-len(spec.metrics):]
-    body = [line for line in md.splitlines() if line.startswith("| ")][1:]
+    first = md.split(header, 1)[1].split("\n\n", 1)[0]  # the main table (sections follow)
+    body = [line for line in first.splitlines() if line.startswith("| ")]
     assert len(body) == num_points, md
     assert "## Summary" in md
     with stem.with_suffix(".csv").open() as f:
@@ -164,10 +165,11 @@ def _fake_runs(root: Path, name: str) -> int:
             if name == "fairness":  # per-client metrics, as results.json has them
                 metrics.update(num_rejected=0, per_client={c: {
                     "num_requests": 4, "num_rejected": i, "mean_ttft_ms": lat * (1 + k),
-                    "p99_ttft_ms": 3 * lat * (1 + k)} for k, c in enumerate(("heavy", "light0",
-                                                                             "light1"))},
+                    "p99_ttft_ms": 3 * lat * (1 + k)} for k, c in enumerate(
+                        ("heavy", "medium", "light0", "light1"))},
                     service_timeline={"t_s": [1.0, 2.0, 3.0, 4.0], "clients": {
-                        "heavy": [9.0 - i, 9.0, 1.0, 0.0], "light0": [3.0, 2.0 + i, 3.0, 0.0],
+                        "heavy": [9.0 - i, 9.0, 1.0, 0.0], "medium": [6.0, 5.0 + i, 1.0, 0.0],
+                        "light0": [3.0, 2.0 + i, 3.0, 0.0],
                         "light1": [2.0 + seed, 3.0, 0.0, 0.0]}})
             _merge(config, point)
             write_results(root / f"{n}", metrics, config)

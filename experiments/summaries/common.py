@@ -67,6 +67,8 @@ class Spec:
     notes: Callable[[list, Sequence], list[str]]
     hidden: tuple[str, ...] = ()  # swept keys implied by the params (not shown)
     order: dict[str, list[Any]] = field(default_factory=dict)  # categorical orders
+    #: markdown lines after the main table (more tables), from the rows and runs
+    sections: Callable[[list, Sequence], list[str]] | None = None
 
 
 # ---- derived per-run values --------------------------------------------------------------

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from schedlab.runs.bootstrap import METHODS
 from schedlab.runs.compare import CompareError, CompareReport, compare_runs, load_runs
+from schedlab.runs.metric_diff import BOOTSTRAPS, DEFAULT_METHOD, METHODS, TOO_FEW
 
 PROG = "schedlab compare"
 
@@ -22,24 +22,31 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `schedlab compare`. Returns the exit status (0 ok, 2 error)."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="Compare the values of one swept parameter, paired by seed: "
-        "per metric the mean difference with a bootstrap confidence interval.")
+        "per metric the paired difference and ratio with a confidence interval and a verdict.")
     parser.add_argument("dir", type=Path, help="a multirun (sweep) directory of results.json")
     parser.add_argument("--by", required=True, help="the swept config key to compare, e.g. "
                         "scheduler.name")
     parser.add_argument("--baseline", default=None, help="the value of --by to compare "
                         "against (default: the first: none, then numbers, then names)")
-    parser.add_argument("--metrics", nargs="+", default=None, help="results.json keys, space "
-                        "or comma separated (default: the report's columns)")
+    parser.add_argument("--metrics", nargs="+", default=None, help="results.json keys or "
+                        "group metrics (per_client.<id>.<metric>, per_slo_class.<name>."
+                        "<metric>; the id may be a glob: per_client.light*.mean_ttft_ms is "
+                        "the mean over the light clients), space or comma separated "
+                        "(default: the report's columns, then each client group's mean TTFT)")
     parser.add_argument("--confidence", type=float, default=0.95, help="default 0.95")
-    parser.add_argument("--resamples", type=int, default=10_000, help="default 10000")
-    parser.add_argument("--method", choices=METHODS, default="percentile",
-                        help="default percentile")
+    parser.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
+                        help="t: paired t interval of the mean (default; assumes roughly "
+                        "normal differences; works from 2 seeds), wilcoxon: exact signed-rank "
+                        "(from 6 seeds at 95%%), sign: exact sign test (from 6), percentile / "
+                        "bca: bootstrap (many seeds)")
     parser.add_argument("--statistic", choices=("mean", "median"), default="mean",
-                        help="of the paired differences (default mean)")
+                        help="of a bootstrap method (default mean)")
+    parser.add_argument("--resamples", type=int, default=10_000,
+                        help="bootstrap resamples (default 10000)")
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
     parser.add_argument("--min-pairs", type=int, default=None, help="pairs needed for a "
-                        "verdict (default: the fewest at which a sign test can reach the "
-                        "confidence, 6 at 0.95)")
+                        "verdict (default: the fewest at which the method can reach the "
+                        "confidence: 2 for t, 6 at 0.95 for the others)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write compare_<by>.md and .csv (default: DIR)")
     args = parser.parse_args(argv)
@@ -65,39 +72,59 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+#: how each method's interval is described under the table
+_HOW = {
+    "t": "paired t interval of the mean difference (n - 1 degrees of freedom; assumes the "
+         "differences roughly normal and the seeds independent) and the t test's p-value",
+    "wilcoxon": "Hodges-Lehmann estimate with the exact Wilcoxon signed-rank interval and "
+                "p-value (assumes the differences symmetric)",
+    "sign": "median difference with its exact sign-test interval and p-value",
+    "percentile": "percentile bootstrap interval",
+    "bca": "BCa bootstrap interval",
+}
+
+
 def to_markdown(report: CompareReport, source: str = "") -> str:
     """The report as a markdown document: how it was computed, then one row per metric."""
     r = report
     ctx = list(r.comparisons[0].context) if r.comparisons else []
     pct = f"{100 * r.confidence:g}%"
+    stat = r.statistic
+    rstat = "geometric mean" if stat == "mean" else stat
+    side = "mean" if stat == "mean" else "median"
     head = [f"# schedlab compare: {r.by} (baseline {_text(r.baseline)})", ""]
     if source:
         head += [f"{source}; paired by seed"
                  + (f" within each setting of {', '.join(ctx)}." if ctx else "."), ""]
     if r.implied:
         head += [f"Also changes with {r.by}: {', '.join(r.implied)}.", ""]
-    head += [f"Each row: candidate - baseline over the seeds both ran. Baseline and candidate "
-             f"are medians; the difference is the {r.statistic} with a {pct} {_method(r)} "
-             f"bootstrap interval ({r.resamples} resamples, seed {r.seed}); the ratio is the "
-             f"geometric mean of candidate / baseline with its interval. \"not significant\": "
-             f"the interval covers 0; \"too few seeds\": under {r.min_pairs} pairs, too few "
-             f"for a {pct} verdict.", ""]
-    header = [*ctx, r.by, "metric", "n", "baseline", "candidate", f"{r.statistic} diff "
-              f"[{pct} CI]", "median diff", f"ratio [{pct} CI]", "verdict"]
+    how = _HOW[r.method] + (f" ({r.resamples} resamples, seed {r.seed})"
+                            if r.method in BOOTSTRAPS else "")
+    head += [f"Each row, over the n seeds both sides ran: the {side} of the baseline, the "
+             f"{side} of the candidate, the {stat} of the paired differences (candidate - "
+             f"baseline) with its {pct} interval, and the {rstat} of the paired ratios "
+             f"(candidate / baseline) with its interval. Intervals: {how}. "
+             f"\"significant\": the test rejects no difference at {pct}; \"too few seeds\": "
+             f"under {r.min_pairs} pairs, too few for this method to reach {pct}.", ""]
+    header = [*ctx, r.by, "metric", "n", f"baseline ({side})", f"candidate ({side})",
+              f"difference ({stat}) [{pct} CI]", f"ratio ({rstat}) [{pct} CI]", "p", "verdict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in r.comparisons:
         for m in c.metrics:
-            diff = m.median_diff if r.statistic == "median" else m.mean_diff
             cells = [*(_text(c.context[k]) for k in ctx), _text(c.candidate), m.metric,
                      str(m.n), _num(m.baseline), _num(m.candidate),
-                     _num(diff) + (f" [{_num(m.ci.lo)}, {_num(m.ci.hi)}]" if m.ci else ""),
-                     _num(m.median_diff), _ratio(m), m.verdict]
+                     _signed(m.diff) + (f" [{_signed(m.ci.lo)}, {_signed(m.ci.hi)}]"
+                                        if m.ci else ""),
+                     _ratio(m), _p(m.p_value), m.verdict]
             lines.append("| " + " | ".join(cells) + " |")
     tail = [""]
     if r.num_tests:
-        tail.append(f"{r.num_tests} intervals at {pct}: if nothing differed, about "
-                    f"{r.num_tests * (1 - r.confidence):.1f} of them would exclude 0 by "
-                    "chance alone.")
+        tail.append(f"{r.num_tests} tests at {pct}: if nothing differed, about "
+                    f"{r.num_tests * (1 - r.confidence):.1f} of them would reject by chance "
+                    "alone.")
+    if any(m.verdict == TOO_FEW and m.n >= 2 for c in r.comparisons for m in c.metrics):
+        tail.append(f"\"too few seeds\" with {r.method}: --method t gives a verdict from 2 "
+                    "pairs, or run more seeds.")
     for c in r.comparisons:
         if c.unpaired:
             where = ", ".join(f"{k}={_text(v)}" for k, v in c.context.items())
@@ -110,21 +137,28 @@ def to_markdown(report: CompareReport, source: str = "") -> str:
 def to_rows(report: CompareReport) -> list[list[Any]]:
     """The report as CSV rows (header first): one row per comparison and metric."""
     ctx = list(report.comparisons[0].context) if report.comparisons else []
-    rows: list[list[Any]] = [[*ctx, report.by, "baseline", "metric", "n", "baseline_median",
-                              "candidate_median", "mean_diff", "median_diff", "ci_lo", "ci_hi",
-                              "ratio", "ratio_lo", "ratio_hi", "verdict", "seeds"]]
+    rows: list[list[Any]] = [[*ctx, report.by, "baseline", "metric", "n", "method",
+                              "statistic", "baseline_value", "candidate_value", "diff",
+                              "ci_lo", "ci_hi", "ratio", "ratio_lo", "ratio_hi", "p_value",
+                              "verdict", "seeds"]]
     for c in report.comparisons:
         for m in c.metrics:
             rows.append([*(c.context[k] for k in ctx), c.candidate, report.baseline, m.metric,
-                         m.n, m.baseline, m.candidate, m.mean_diff, m.median_diff,
-                         *((m.ci.lo, m.ci.hi) if m.ci else ("", "")), m.ratio,
+                         m.n, report.method, report.statistic, m.baseline, m.candidate,
+                         m.diff, *((m.ci.lo, m.ci.hi) if m.ci else ("", "")), m.ratio,
                          *((m.ratio_ci.lo, m.ratio_ci.hi) if m.ratio_ci else ("", "")),
-                         m.verdict, " ".join(map(str, c.seeds))])
+                         m.p_value, m.verdict, " ".join(map(str, c.seeds))])
     return [["" if v is None else v for v in row] for row in rows]
 
 
-def _method(r: CompareReport) -> str:
-    return "BCa" if r.method == "bca" else "percentile"
+def _p(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _signed(v: float | None) -> str:
+    return "-" if v is None else ("+" if v > 0 else "") + _num(v)
 
 
 def _ratio(m: Any) -> str:

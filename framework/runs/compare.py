@@ -1,71 +1,49 @@
 """Paired comparisons over seeds: is one setting of a swept parameter better than another?
 
-A sweep that runs every point with several seeds (`schedlab run -m ... seed=0,1,2,3,4,5,6,7`)
-gives, for two values of one parameter, runs that differ only in that parameter and share a
-seed, i.e. the same workload draw. `compare_runs` pairs them seed by seed within every
-combination of the other swept parameters, and per metric reports the paired differences
-(candidate - baseline), their mean and median, a bootstrap confidence interval of the mean
-difference (`schedlab.runs.bootstrap`), the paired ratio (geometric mean of candidate /
-baseline, with its interval), and a verdict: "not significant" where the interval covers 0.
+A sweep that runs every point with several seeds (`schedlab run -m ... seed=0,1,2,3,4`) gives,
+for two values of one parameter, runs that differ only in that parameter and share a seed,
+i.e. the same workload draw. `compare_runs` pairs them seed by seed within every combination
+of the other swept parameters and judges each metric's paired differences with
+`schedlab.runs.metric_diff.diff_metric` (paired t by default; Wilcoxon, sign, bootstrap).
+Pairing removes the workload's share of the run-to-run noise.
 
-Pairing removes the workload's share of the run-to-run noise (both sides saw the same
-requests), so a paired interval is much narrower than comparing two sets of seeds would be.
-
-The bootstrap resamples the pairs with a seeded generator, so the same runs give the same
-intervals. A percentile bootstrap cannot reach a confidence level from very few pairs: with n
-pairs the most extreme resample (every draw the smallest difference) has probability n^-n, and
-with 3 pairs a "95%" interval is just [min, max] of the differences, which excludes 0 for a quarter
-of pure-noise comparisons. So below `min_pairs(confidence)` pairs (6 at 95%: the smallest n at
-which even an exact sign test can reach the level) the verdict is "too few seeds", whatever
-the interval says.
+Metric names may be a group's: `per_client.<id>.<metric>`, `per_slo_class.<name>.<metric>`,
+with a glob for the id (`per_client.light*.mean_ttft_ms`, the mean over the matching
+clients); see `schedlab.runs.metric_names`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
-import numpy as np
-
-from schedlab.runs.bootstrap import METHODS, STATISTICS, Interval, bootstrap_ci, min_pairs
+from schedlab.runs.bootstrap import STATISTICS
+from schedlab.runs.metric_diff import (
+    DEFAULT_METHOD,
+    METHODS,
+    TOO_FEW,
+    MetricDiff,
+    diff_metric,
+    needed_pairs,
+    row_statistic,
+)
+from schedlab.runs.metric_names import (
+    group_defaults,
+    is_number,
+    metric_value,
+    unknown_metric_message,
+)
 from schedlab.runs.report import COLUMNS, ReportError, RunRecord, find_runs, swept_parameters
 
 #: config keys that hold a run's seed, in the order they are tried for pairing
 SEED_KEYS = ("seed", "engine.seed")
-SIGNIFICANT, NOT_SIGNIFICANT, TOO_FEW = "significant", "not significant", "too few seeds"
 
 
 class CompareError(ValueError):
     """A comparison that cannot be made; the message is one sentence saying why."""
-
-
-@dataclass(frozen=True, slots=True)
-class MetricDiff:
-    """One metric, candidate vs baseline, over the seeds both have.
-
-    `mean_diff`, `median_diff` and `ci` are candidate - baseline in the metric's unit; `ratio`
-    is the geometric mean of candidate / baseline over the pairs (None unless every value is
-    positive). `ci` and `ratio_ci` are None with fewer than 2 pairs.
-    """
-
-    metric: str
-    n: int
-    baseline: float | None  # median over the paired seeds
-    candidate: float | None
-    mean_diff: float | None
-    median_diff: float | None
-    ci: Interval | None
-    ratio: float | None
-    ratio_ci: Interval | None
-    verdict: str  # SIGNIFICANT | NOT_SIGNIFICANT | TOO_FEW
-
-    @property
-    def significant(self) -> bool:
-        return self.verdict == SIGNIFICANT
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +66,7 @@ class CompareReport:
     implied: tuple[str, ...]  # swept keys that change together with `by` (a variant's parts)
     confidence: float
     method: str
-    statistic: str
+    statistic: str  # what every number of a row is: mean, median or pseudo-median
     resamples: int
     seed: int
     min_pairs: int
@@ -98,45 +76,6 @@ class CompareReport:
     def num_tests(self) -> int:
         """How many intervals were judged (for the multiple-comparisons caveat)."""
         return sum(m.verdict != TOO_FEW for c in self.comparisons for m in c.metrics)
-
-
-# ---- one metric ---------------------------------------------------------------------
-def diff_metric(metric: str, base: Sequence[float | None], cand: Sequence[float | None],
-                confidence: float = 0.95, resamples: int = 10_000, method: str = "percentile",
-                statistic: str = "mean", seed: int = 0,
-                needed: int | None = None) -> MetricDiff:
-    """Compare paired values of one metric (base[i] and cand[i] share a seed).
-
-    Pairs where either side is missing or not finite are left out. The interval is of the
-    `statistic` (mean or median) of cand - base; the verdict is TOO_FEW below `needed` pairs
-    (default `min_pairs(confidence)`), else NOT_SIGNIFICANT where the interval covers 0.
-    """
-    pairs = [(float(b), float(c)) for b, c in zip(base, cand, strict=True)
-             if _finite(b) and _finite(c)]
-    n = len(pairs)
-    needed = min_pairs(confidence) if needed is None else needed
-    if n == 0:
-        return MetricDiff(metric, 0, None, None, None, None, None, None, None, TOO_FEW)
-    b = np.array([p[0] for p in pairs])
-    c = np.array([p[1] for p in pairs])
-    d = c - b
-    ci = ratio = ratio_ci = None
-    positive = bool(np.all(b > 0) and np.all(c > 0))
-    if positive:
-        ratio = float(np.exp(np.mean(np.log(c / b))))
-    if n >= 2:
-        ci = bootstrap_ci(d, statistic, confidence=confidence, resamples=resamples,
-                          method=method, seed=seed)
-        if positive:
-            log_ci = bootstrap_ci(np.log(c / b), "mean", confidence=confidence,
-                                  resamples=resamples, method=method, seed=seed)
-            ratio_ci = Interval(math.exp(log_ci.lo), math.exp(log_ci.hi))
-    if n < max(needed, 2) or ci is None:
-        verdict = TOO_FEW
-    else:
-        verdict = NOT_SIGNIFICANT if ci.covers(0.0) else SIGNIFICANT
-    return MetricDiff(metric, n, float(np.median(b)), float(np.median(c)), float(np.mean(d)),
-                      float(np.median(d)), ci, ratio, ratio_ci, verdict)
 
 
 # ---- pairing runs ----------------------------------------------------------------------
@@ -154,8 +93,9 @@ def load_runs(root: Path) -> list[RunRecord]:
 
 def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
                  metrics: Sequence[str] | None = None, confidence: float = 0.95,
-                 resamples: int = 10_000, method: str = "percentile", statistic: str = "mean",
-                 seed: int = 0, needed: int | None = None) -> CompareReport:
+                 resamples: int = 10_000, method: str = DEFAULT_METHOD,
+                 statistic: str = "mean", seed: int = 0,
+                 needed: int | None = None) -> CompareReport:
     """Compare every value of the swept parameter `by` with `baseline`, paired by seed.
 
     Runs are grouped by the other swept parameters (the context); within a context, each
@@ -168,9 +108,14 @@ def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
         by: the config key compared, e.g. "scheduler.name"; it must differ between runs.
         baseline: the value compared against (matched on its text too, so "8" finds 8);
             default the first value in order (None, then numbers ascending, then text).
-        metrics: results.json keys; default the report's columns that the runs have.
-        confidence, resamples, method, statistic, seed: see `bootstrap_ci`.
-        needed: pairs needed for a verdict other than TOO_FEW (default `min_pairs`).
+        metrics: results.json keys or group metrics (`per_client.light*.mean_ttft_ms`);
+            default the report's columns that the runs have, then each client group's and
+            SLO class's mean TTFT.
+        confidence: the two-sided level of every interval and test.
+        method: one of METHODS (see the module's docstring).
+        statistic: mean or median, for a bootstrap method (the tests fix their own).
+        resamples, seed: the bootstrap's (see `bootstrap_ci`).
+        needed: pairs needed for a verdict other than TOO_FEW (default `needed_pairs`).
 
     Returns:
         A CompareReport with one Comparison per (context, candidate value).
@@ -184,8 +129,8 @@ def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
     if resamples < 100:
         raise CompareError(f"--resamples must be at least 100, not {resamples}")
     if method not in METHODS or statistic not in STATISTICS:
-        raise CompareError(f"method must be one of {', '.join(METHODS)} and statistic one of "
-                           f"{', '.join(STATISTICS)}")
+        raise CompareError(f"--method must be one of {', '.join(METHODS)} and --statistic one "
+                           f"of {', '.join(STATISTICS)}, not {method} and {statistic}")
     swept = swept_parameters(runs)
     if by not in swept:
         others = [k for k in swept if k not in SEED_KEYS]
@@ -225,17 +170,17 @@ def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
                 continue
             seeds = sorted(set(b_cell) & set(c_cell), key=_order)
             unpaired = sorted(set(b_cell) ^ set(c_cell), key=_order)
-            diffs = tuple(diff_metric(m, [b_cell[s].metrics.get(m) for s in seeds],
-                                      [c_cell[s].metrics.get(m) for s in seeds],
-                                      confidence=confidence, resamples=resamples, method=method,
-                                      statistic=statistic, seed=seed, needed=needed)
+            diffs = tuple(diff_metric(m, [metric_value(b_cell[s].metrics, m) for s in seeds],
+                                      [metric_value(c_cell[s].metrics, m) for s in seeds],
+                                      **kw)
                           for m in metrics)
             comparisons.append(Comparison(value, contexts[ck], tuple(seeds), tuple(unpaired),
                                           diffs))
     if not any(len(c.seeds) >= 2 for c in comparisons):
         raise CompareError(_no_pairs_reason(runs, by, base, comparisons))
-    return CompareReport(by, base, implied, confidence, method, statistic, resamples, seed,
-                         min_pairs(confidence) if needed is None else needed,
+    return CompareReport(by, base, implied, confidence, method,
+                         row_statistic(method, statistic), resamples, seed,
+                         needed_pairs(method, confidence) if needed is None else needed,
                          tuple(comparisons))
 
 
@@ -268,14 +213,15 @@ def _moves_with(runs: Sequence[RunRecord], by: str, key: str) -> bool:
 
 
 def _metrics(runs: Sequence[RunRecord], asked: Sequence[str] | None) -> list[str]:
-    numeric = sorted({k for r in runs for k, v in r.metrics.items() if _finite(v)})
     if not asked:
+        numeric = sorted({k for r in runs for k, v in r.metrics.items() if is_number(v)})
         chosen = [k for k, _ in COLUMNS if k in numeric]
-        return chosen or numeric
-    unknown = [m for m in asked if m not in numeric]
-    if unknown:
-        raise CompareError(f"metric {unknown[0]!r} is not a number in these results; "
-                           f"numeric metrics: {', '.join(numeric)}")
+        groups = [g for g in group_defaults(r.metrics for r in runs)
+                  if any(metric_value(r.metrics, g) is not None for r in runs)]
+        return (chosen or numeric) + groups
+    for m in asked:
+        if all(metric_value(r.metrics, m) is None for r in runs):
+            raise CompareError(unknown_metric_message(m, [r.metrics for r in runs]))
     return list(dict.fromkeys(asked))
 
 
@@ -286,10 +232,6 @@ def _match(arg: Any, values: Sequence[Any], by: str) -> Any:
             return v
     raise CompareError(f"--baseline {arg} is not a value of {by} in these runs; values: "
                        f"{', '.join(_text(v) for v in values)}")
-
-
-def _finite(v: Any) -> TypeGuard[float]:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _key(v: Any) -> str:
@@ -303,6 +245,6 @@ def _text(v: Any) -> str:
 def _order(v: Any) -> tuple[int, Any]:
     if v is None:
         return (0, 0)
-    if _finite(v):
+    if is_number(v):
         return (1, v)
     return (2, str(v))

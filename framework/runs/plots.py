@@ -1,4 +1,5 @@
-"""Plots of one run: latency CDFs and the engine's KV use and batch size over time.
+"""Plots of one run: latency CDFs, the engine's KV use, batch and queue over time, and for a
+run with clients the service each received and its TTFT CDF.
 
 Figures are drawn with matplotlib's object API on the Agg canvas, so no global backend is
 switched and nothing needs a display.
@@ -29,20 +30,25 @@ def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.0,
 
 
 def write_plots(run_dir: Path, run: RunResult, metrics: dict) -> list[Path]:
-    """Write `run_dir/plots/latency_cdf.png` and `run_dir/plots/timeline.png`.
+    """Write `run_dir/plots/latency_cdf.png`, `timeline.png` and, for a run whose requests
+    carry client ids, `clients.png`.
 
     Args:
         run_dir: the run's output directory.
-        run: the run (its step series feeds the timeline).
-        metrics: `compute_metrics(run)` (its per-request lists feed the CDFs).
+        run: the run (its step series feeds the timeline, its requests the per-client CDFs).
+        metrics: `compute_metrics(run)` (its per-request lists feed the CDFs, its
+            `service_timeline` the per-client service).
 
     Returns:
         The PNG paths written.
     """
     out = Path(run_dir) / PLOTS_DIR
     out.mkdir(parents=True, exist_ok=True)
-    return [_latency_cdfs(out / "latency_cdf.png", metrics),
-            _timeline(out / "timeline.png", run)]
+    paths = [_latency_cdfs(out / "latency_cdf.png", metrics),
+             _timeline(out / "timeline.png", run)]
+    if metrics.get("per_client"):
+        paths.append(_clients(out / "clients.png", run, metrics))
+    return paths
 
 
 def _latency_cdfs(path: Path, metrics: dict[str, Any]) -> Path:
@@ -60,48 +66,110 @@ def _latency_cdfs(path: Path, metrics: dict[str, Any]) -> Path:
     return path
 
 
-def _cdf(ax, values: Sequence[float], name: str) -> None:
+def _cdf(ax, values: Sequence[float], name: str, label: str | None = None,
+         marks: bool = True) -> None:
     ax.set_title(name)
     ax.set_xlabel(f"{name} (ms)")
-    ax.set_ylabel("fraction of samples")
+    ax.set_ylabel("fraction of requests" if name == "TTFT" else "fraction of samples")
     ax.grid(alpha=0.3)
     if not len(values):
-        ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
+        if marks:
+            ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
         return
     x = np.sort(np.asarray(values, dtype=float) * 1000.0)
     y = np.arange(1, len(x) + 1) / len(x)
-    ax.step(x, y, where="post")
-    for q in (50, 99):
-        v = float(np.percentile(x, q))
-        ax.axvline(v, ls="--", lw=0.8, color="gray")
-        ax.annotate(f"p{q}", (v, 0.02), fontsize=8, color="gray")
+    ax.step(x, y, where="post", label=label)
+    if marks:
+        for q in (50, 99):
+            v = float(np.percentile(x, q))
+            ax.axvline(v, ls="--", lw=0.8, color="gray")
+            ax.annotate(f"p{q}", (v, 0.02), fontsize=8, color="gray")
     ax.set_ylim(0, 1.02)
 
 
 def _timeline(path: Path, run: RunResult) -> Path:
+    """KV slots (reserved, holding tokens; the pool's share on the right axis), the batch
+    (running and scheduled requests) and the queue (waiting requests, preemptions), each on
+    its own scale."""
+    from matplotlib.ticker import MaxNLocator
+
     steps = run.step_stats
     t = np.asarray([s.time - run.start_time for s in steps], dtype=float)
-    fig, (kv_ax, batch_ax) = new_figure(1, 2, size=(9.0, 3.2))
+    fig, (kv_ax, batch_ax, queue_ax) = new_figure(3, 1, size=(4.2, 3.2))
     if steps:
-        bs = max(run.block_size, 1)
-        kv_ax.plot(t, [s.kv_reserved_tokens for s in steps], label="reserved slots")
-        kv_ax.plot(t, [s.kv_used_tokens for s in steps], label="tokens held")
-        if run.num_kv_blocks:
-            kv_ax.axhline(run.num_kv_blocks * bs, ls="--", color="gray", label="pool capacity")
-        batch_ax.plot(t, [s.num_scheduled_seqs for s in steps], label="scheduled seqs")
-        batch_ax.plot(t, [s.num_running for s in steps], label="running")
-        batch_ax.plot(t, [s.num_waiting for s in steps], label="waiting")
+        pool = run.num_kv_blocks * max(run.block_size, 1)
+        reserved = np.asarray([s.kv_reserved_tokens for s in steps], dtype=float)
+        used = np.asarray([s.kv_used_tokens for s in steps], dtype=float)
+        kv_ax.fill_between(t, reserved, step="post", alpha=0.3, color="C0",
+                           label="reserved slots")
+        kv_ax.step(t, used, where="post", color="C1", lw=1.2, label="slots holding tokens")
+        top = max(float(reserved.max()), float(used.max()), 1.0) * 1.1
+        if pool:
+            share = kv_ax.twinx()
+            share.set_ylim(0, 100.0 * top * 1.15 / pool)
+            share.set_ylabel("% of the KV pool")
+            kv_ax.set_title(f"KV cache (pool: {pool:,} slots, peak "
+                            f"{100.0 * max(reserved.max(), used.max()) / pool:.1f}%)")
+        running = [s.num_running for s in steps]
+        batch_ax.step(t, running, where="post", color="C2", lw=2.5, alpha=0.5,
+                      label="running")
+        batch_ax.step(t, [s.num_scheduled_seqs for s in steps], where="post", color="k",
+                      lw=0.9, ls="--", label="scheduled this step")
+        queue_ax.step(t, [s.num_waiting for s in steps], where="post", color="C3",
+                      label="waiting")
         pre = [i for i, s in enumerate(steps) if s.num_preempted]
         if pre:
-            batch_ax.plot(t[pre], [steps[i].num_running for i in pre], "rx", label="preemption")
-        kv_ax.legend(fontsize=8)
-        batch_ax.legend(fontsize=8)
-    kv_ax.set_title("KV cache")
+            queue_ax.plot(t[pre], [steps[i].num_waiting for i in pre], "kx", ms=5,
+                          label=f"preemption ({len(pre)} steps)")
+        batch_ax.set_ylim(0, max(max(running), 1) * 1.4)  # room for the legend
+        queue_ax.set_ylim(0, max(max(s.num_waiting for s in steps), 1) * 1.25)
+        kv_ax.set_ylim(0, top * 1.15)
+        for ax in (kv_ax, batch_ax, queue_ax):
+            ax.legend(fontsize=7, loc="upper right")
+    if not kv_ax.get_title():
+        kv_ax.set_title("KV cache")
     kv_ax.set_ylabel("token slots")
     batch_ax.set_title("Batch")
     batch_ax.set_ylabel("requests")
-    for ax in (kv_ax, batch_ax):
+    queue_ax.set_title("Queue")
+    queue_ax.set_ylabel("requests")
+    for ax in (kv_ax, batch_ax, queue_ax):
         ax.set_xlabel("time (s)")
         ax.grid(alpha=0.3)
+    for ax in (batch_ax, queue_ax):
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _clients(path: Path, run: RunResult, metrics: dict[str, Any]) -> Path:
+    """Per client: the service received so far (from `service_timeline`) and the TTFT CDF."""
+    from schedlab.runs.groups import NONE, SERVICE_WEIGHTS, is_completed
+
+    tl = metrics.get("service_timeline") or {}
+    names = list((metrics.get("per_client") or {}).keys())
+    fig, (svc_ax, ttft_ax) = new_figure(2, 1, size=(4.6, 3.4))
+    ts = list(tl.get("t_s") or [])
+    width = ts[0] if ts else 0.0
+    for i, c in enumerate(names):
+        color = f"C{i % 10}"
+        ttfts = [r.metrics.first_token_time - r.metrics.arrival_time for r in run.requests
+                 if is_completed(r) and (NONE if r.client_id is None else str(r.client_id)) == c]
+        label = f"{c} ({len(ttfts)} done)"
+        rate = (tl.get("clients") or {}).get(c)
+        if rate and ts:
+            svc_ax.plot([0.0, *ts], [0.0, *np.cumsum(np.asarray(rate) * width)], color=color,
+                        label=label)
+        _cdf(ttft_ax, ttfts, "TTFT", marks=False)
+        if ttft_ax.lines:
+            ttft_ax.lines[-1].set_color(color)
+    svc_ax.set(title="Service received so far", xlabel="time (s)",
+               ylabel=f"weighted tokens (prompt x{SERVICE_WEIGHTS[0]:g}, output "
+                      f"x{SERVICE_WEIGHTS[1]:g})")
+    svc_ax.grid(alpha=0.3)
+    svc_ax.set_ylim(bottom=0)
+    ttft_ax.set_title("TTFT per client (completed requests)")
+    if svc_ax.get_legend_handles_labels()[0]:
+        fig.legend(loc="outside right upper", fontsize=8, title="client", title_fontsize=8)
     fig.savefig(path, dpi=100)
     return path
