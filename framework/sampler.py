@@ -74,8 +74,8 @@ def _shape_row(x: torch.Tensor, r: Request) -> None:
     vocab = x.shape[0]
     out_ids = r.output_token_ids
     if len(out_ids) < sp.min_tokens:
-        ends = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(r.eos_token_ids))
-        ends = [t for t in ends if 0 <= t < vocab]
+        enders = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(r.eos_token_ids))
+        ends = [t for t in enders if 0 <= t < vocab]
         if ends:
             x[torch.tensor(ends, device=x.device)] = float("-inf")
     if sp.logit_bias:

@@ -18,7 +18,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from schedlab.runs.bootstrap import STATISTICS
 from schedlab.runs.metric_diff import (
@@ -172,7 +172,8 @@ def compare_runs(runs: Sequence[RunRecord], by: str, baseline: Any = None,
             unpaired = sorted(set(b_cell) ^ set(c_cell), key=_order)
             diffs = tuple(diff_metric(m, [metric_value(b_cell[s].metrics, m) for s in seeds],
                                       [metric_value(c_cell[s].metrics, m) for s in seeds],
-                                      **kw)
+                                      confidence=confidence, resamples=resamples, method=method,
+                                      statistic=statistic, seed=seed, needed=needed)
                           for m in metrics)
             comparisons.append(Comparison(value, contexts[ck], tuple(seeds), tuple(unpaired),
                                           diffs))

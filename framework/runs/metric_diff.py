@@ -116,19 +116,20 @@ def diff_metric(metric: str, base: Sequence[float | None], cand: Sequence[float 
             ratio = math.exp(lr.estimate)
             ratio_ci = Interval(math.exp(lr.ci.lo), math.exp(lr.ci.hi)) if lr.ci else None
         judged = ci is not None and p is not None
-        rejects = judged and p < 1.0 - confidence
+        rejects = ci is not None and p is not None and p < 1.0 - confidence
     else:
         diff, ci = float(center(d)), None
         if n >= 2:
-            kw = dict(confidence=confidence, resamples=resamples, method=method, seed=seed)
-            ci = bootstrap_ci(d, stat, **kw)
+            ci = bootstrap_ci(d, stat, confidence=confidence, resamples=resamples,
+                              method=method, seed=seed)
             if logs is not None:
-                log_ci = bootstrap_ci(logs, stat, **kw)
+                log_ci = bootstrap_ci(logs, stat, confidence=confidence, resamples=resamples,
+                                      method=method, seed=seed)
                 ratio_ci = Interval(math.exp(log_ci.lo), math.exp(log_ci.hi))
         if logs is not None:
             ratio = math.exp(float(center(logs)))
         judged = ci is not None
-        rejects = judged and not ci.covers(0.0)
+        rejects = ci is not None and not ci.covers(0.0)
     if n < max(needed, 2) or not judged:
         verdict = TOO_FEW
     else:

@@ -13,13 +13,13 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, TypeGuard
 
 #: results.json keys that hold one metrics dict per group
 GROUP_KEYS = ("per_client", "per_slo_class")
 
 
-def is_number(v: Any) -> bool:
+def is_number(v: Any) -> TypeGuard[float]:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 

@@ -154,7 +154,8 @@ def _clients(path: Path, run: RunResult, metrics: dict[str, Any]) -> Path:
     for i, c in enumerate(names):
         color = f"C{i % 10}"
         ttfts = [r.metrics.first_token_time - r.metrics.arrival_time for r in run.requests
-                 if is_completed(r) and (NONE if r.client_id is None else str(r.client_id)) == c]
+                 if is_completed(r) and r.metrics.first_token_time is not None
+                 and (NONE if r.client_id is None else str(r.client_id)) == c]
         label = f"{c} ({len(ttfts)} done)"
         rate = (tl.get("clients") or {}).get(c)
         if rate and ts:

@@ -38,7 +38,9 @@ def _summary(members: Sequence[Any], key: str) -> tuple[float, float, float] | N
     if len(xs) < 2:
         return xs[0], xs[0], xs[0]
     ci = bootstrap_ci(xs, "median", resamples=2000, seed=0)
-    return median(xs), ci.lo, ci.hi
+    mid = median(xs)
+    assert mid is not None, "xs holds numbers"
+    return mid, ci.lo, ci.hi
 
 
 def tradeoff_plot(runs: Sequence[Any], point: Sequence[str], path: Path) -> Path:

@@ -239,7 +239,8 @@ class EngineLoop:
             except Exception:  # noqa: BLE001 - a bug must not kill the server silently
                 # NOTE: first blamed on the requests new to this step (the others stepped
                 # fine before); if it fails again without them, on the rest of the step
-                planned = {sr.request.request_id for sr in engine.last_plan.scheduled}
+                plan = engine.last_plan
+                planned = {sr.request.request_id for sr in plan.scheduled} if plan else set()
                 hit = [a for rid, a in self._active.items()
                        if rid in planned and rid not in self._stepped_ok] or [
                     a for rid, a in self._active.items() if rid in planned]
@@ -248,7 +249,8 @@ class EngineLoop:
                 self._fail(hit or list(self._active.values()),
                            "the engine failed during a step; see the server log")
                 continue
-            self._stepped_ok = {sr.request.request_id for sr in engine.last_plan.scheduled}
+            plan = engine.last_plan
+            self._stepped_ok = {sr.request.request_id for sr in plan.scheduled} if plan else set()
             self._dispatch()
             engine.drain_step_stats()  # NOTE: counters carry what the server reports
             self.counters = engine.counters()

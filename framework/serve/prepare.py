@@ -72,12 +72,13 @@ def prepare(info: ModelInfo, raw: bytes, chat: bool) -> Prepared:
         ApiError: the body is refused (400, or 404 for an unknown model).
     """
     try:
-        body = parse(ChatCompletionRequest if chat else CompletionRequest, raw)
+        body: ChatCompletionRequest | CompletionRequest = (
+            parse(ChatCompletionRequest, raw) if chat else parse(CompletionRequest, raw))
         why = body.unsupported()
         if why is not None:
             raise ApiError(why)
         check_model(info, body.model)
-        if chat:
+        if isinstance(body, ChatCompletionRequest):
             ids = chat_prompt(info, body.template_messages())
             max_tokens = body.output_limit
         else:
