@@ -178,7 +178,8 @@ def test_llm_generate_gives_the_arrays_of_schedlab_run(tmp_path):
     spec = ["executor=sim", "model=llama3_8b", "hardware=h100", "queue=sjf", "logger=none",
             "plots=false", "print_table=false", "driver.progress=false",
             f"paths.output_dir={tmp_path}", "workload.num_requests=40",
-            "engine.max_num_seqs=8", "+workload.priority_levels=3"]
+            "engine.max_num_seqs=8", "+workload.priority_levels=3",
+            "workload.arrival.process=offline"]  # LLM.generate submits all at once
     with initialize_config_module("schedlab.conf", version_base="1.3"):
         s = build_settings(compose("config", overrides=spec))
     ran = execute(s)

@@ -113,6 +113,7 @@ def test_lost_requests_under_schedlab_run(tmp_path, capsys):
 
     rc = main(["run", "executor=sim", "model=llama3_8b", "hardware=h100",
                "queue=lossy_queue:DropEveryThirdQueue", "workload.num_requests=7",
+               "workload.arrival.process=offline",
                "driver.progress=false", "print_table=false", "logger=none", "plots=false",
                f"hydra.run.dir={tmp_path}"])
     err = capsys.readouterr().err
