@@ -15,7 +15,8 @@ import warnings
 #: old module name -> new module name
 MOVED: dict[str, str] = {
     **{f"schedlab.{m}": f"schedlab.sim.{m}" for m in (
-        "costmodel", "hardware", "model_presets", "calibrate", "costfit", "validate")},
+        "costmodel", "hardware", "model_presets")},
+    **{f"schedlab.{m}": f"schedlab.calibration.{m}" for m in ("calibrate", "costfit", "validate")},
     **{f"schedlab.{m}": f"schedlab.runs.{m}" for m in (
         "workload", "traces", "driver", "metrics", "results", "report", "plots", "tracking")},
 }

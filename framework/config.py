@@ -135,10 +135,10 @@ class EngineConfig:
             raise ConfigError(
                 f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be in (0, 1]"
             )
-        from schedlab.model import resolve_dtype
+        from schedlab.shapes import dtype_bytes
 
         try:
-            resolve_dtype(self.dtype)
+            dtype_bytes(self.dtype)
         except ValueError as e:
             raise ConfigError(str(e)) from None
 

@@ -52,7 +52,13 @@ class Engine:
                  clock: Clock | None = None) -> None:
         self.config = cfg = config
         classes = {kind: registry.load(kind, getattr(cfg, kind)) for kind in registry.GROUPS
-                   if not (kind == "executor" and executor_cls is not None)}
+                   if kind != "attention"
+                   and not (kind == "executor" and executor_cls is not None)}
+        # NOTE: the executor that runs a model loads its attention backend (and torch); here
+        # an installed name is only checked, so a simulated engine imports no backend
+        if (registry.is_dotted(cfg.attention)
+                or cfg.attention not in registry.available("attention")):
+            registry.load("attention", cfg.attention)  # an unknown one fails with the list
         if executor_cls is not None:
             classes["executor"] = executor_cls
         sched_cls, alloc_cls, pc_cls = (classes["scheduler"], classes["kv_allocator"],

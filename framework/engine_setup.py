@@ -7,11 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from schedlab import registry
-from schedlab.attention import KVCacheSpec
 from schedlab.config import ConfigError, EngineConfig, parse_bytes
 from schedlab.executor import Executor
-from schedlab.model import ModelSpec
 from schedlab.plan import SchedulerConfig
+from schedlab.shapes import KVCacheSpec, ModelSpec
 
 #: KV pool used when neither num_kv_blocks nor kv_cache_memory is set (and not on a GPU)
 DEFAULT_KV_MEMORY = 1 << 30

@@ -7,9 +7,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schedlab.attention import KVCacheSpec
-from schedlab.model import ModelSpec
 from schedlab.plan import SchedulerOutput
+from schedlab.shapes import KVCacheSpec, ModelSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from schedlab.attention import KVCacheSpec
 from schedlab.config import EngineConfig
 from schedlab.executor import Executor, ExecutorOutput, VirtualClock
-from schedlab.model import ModelSpec
 from schedlab.scheduler import SchedulerOutput
+from schedlab.shapes import KVCacheSpec, ModelSpec
 
 FAKE_SPEC = ModelSpec(
     architecture="FakeForCausalLM", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,

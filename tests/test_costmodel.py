@@ -8,12 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from schedlab.calibration.costfit import fit_profile, nnls
 from schedlab.config import DEFAULT_BLOCK_SIZE as BS
-from schedlab.model import ModelSpec
 from schedlab.request import Request, SamplingParams
 from schedlab.scheduler import ScheduledRequest, SchedulerOutput
-from schedlab.sim.costfit import fit_profile, nnls
-from schedlab.sim.costmodel import CostModel, StepShape, decode_pad_waste
+from schedlab.shapes import ModelSpec
+from schedlab.sim.costmodel import CostModel, StepShape
 from schedlab.sim.hardware import PRESETS, HardwareProfile, resolve_hardware
 from schedlab.sim.model_presets import PRESETS as MODELS
 from schedlab.sim.model_presets import load_config_dir, resolve_model
@@ -102,7 +102,7 @@ def test_padded_decode_attention_reads_up_to_the_longest_context():
     shape = StepShape.from_lens([1, 1, 8], [99, 9, 0], pad_waste=float("inf"))
     assert (shape.kv_tokens, shape.padded_kv_tokens) == (100 + 10 + 8, 2 * 100 + 8)
     paged = CostModel(LLAMA8B, IDEAL, 2).raw_terms(shape, BS)
-    padded = CostModel(LLAMA8B, replace(IDEAL, padded_decode_attention=True), 2).raw_terms(
+    padded = CostModel(LLAMA8B, replace(IDEAL, decode_pad_waste=0.25), 2).raw_terms(
         shape, BS)
     assert padded.attention_memory / paged.attention_memory == pytest.approx(208 / 118)
 
@@ -116,11 +116,12 @@ def test_padded_decode_attention_pads_as_the_backend_declares():
     assert shape.padded_kv_tokens == 5 * 100 + 3 * 50 + 20 + 10
     assert StepShape.from_lens([1] * 10, [c - 1 for c in ctx]).padded_kv_tokens == 550
     # the sdpa backend's declaration, read through the registry; none for a paged kernel
+    from schedlab.calibration.measure import backend_pad_waste
     from schedlab.plugins.attention.sdpa import DECODE_PAD_WASTE
 
-    assert decode_pad_waste("sdpa") == DECODE_PAD_WASTE
-    assert decode_pad_waste("sdpa", {"decode_pad_waste": 1.0}) == 1.0
-    assert decode_pad_waste("triton") is None
+    assert backend_pad_waste("sdpa") == DECODE_PAD_WASTE
+    assert backend_pad_waste("sdpa", {"decode_pad_waste": 1.0}) == 1.0
+    assert backend_pad_waste("triton") is None
 
 
 def test_hardware_profiles_resolve_and_round_trip(tmp_path):

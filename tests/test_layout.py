@@ -136,3 +136,21 @@ def test_moved_modules_keep_their_old_import_path_with_a_warning(monkeypatch):
     with pytest.warns(DeprecationWarning, match="schedlab.runs.workload"):
         old = importlib.import_module("schedlab.workload")
     assert old is schedlab.runs.workload
+
+
+def test_a_simulated_run_imports_neither_torch_nor_transformers(tmp_path):
+    """`schedlab run executor=sim` needs shapes and costs only: no torch, no transformers."""
+    import os
+    import subprocess
+    import sys
+
+    args = ["run", "executor=sim", "model=llama3_8b", "hardware=a100", "logger=none",
+            "workload.num_requests=4", "driver.progress=false", f"hydra.run.dir={tmp_path}"]
+    code = ("import sys\nfrom schedlab.cli import main\nrc = main(sys.argv[1:])\n"
+            "print('heavy:', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+            "sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env={**os.environ, "WANDB_MODE": "offline"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "heavy: []" in out.stdout, out.stdout[-500:]
+    assert (tmp_path / "results.json").is_file()

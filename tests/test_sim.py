@@ -156,7 +156,7 @@ def test_options_and_bad_values():
 def test_calibration_fits_the_real_executor_through_the_engine_api(llama_dir, tmp_path):
     """`schedlab calibrate` times the torch executor on CPU time, fits a profile, saves it, and
     the simulator loads it; the host-overhead run uses an injected clock, nothing patched."""
-    from schedlab.sim.calibrate import calibrate
+    from schedlab.calibration.calibrate import calibrate
 
     grid = [((8,), (0,)), ((32,), (0,)), ((1,) * 4, (16,) * 4), ((1,) * 8, (32,) * 8)]
     out = tmp_path / "cpu.json"

@@ -7,31 +7,12 @@ every layer pays two all-reduces of the step's activations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from schedlab.attention import padded_decode_kv
-from schedlab.model import ModelSpec
 from schedlab.plan import SchedulerOutput
+from schedlab.shapes import ModelSpec, padded_decode_kv
 from schedlab.sim.hardware import HardwareProfile
-
-
-def decode_pad_waste(attention: str = "sdpa",
-                     options: Mapping[str, Any] | None = None) -> float | None:
-    """The decode padding the attention backend `attention` declares (its class attribute
-    `decode_pad_waste`, or the `decode_pad_waste` of its options), read through the registry:
-    None for a backend that reads each decode's own context only, or one not installed."""
-    from schedlab import registry
-
-    try:
-        cls = registry.load("attention", attention)
-    except (registry.PluginError, ImportError):
-        return None
-    waste = getattr(cls, "decode_pad_waste", None)
-    if waste is not None and options and "decode_pad_waste" in options:
-        waste = float(options["decode_pad_waste"])
-    return waste
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +28,7 @@ class StepShape:
         kv_tokens: context tokens whose K/V is read, summed over sequences.
         num_swapped_blocks: KV blocks copied between host and device before the step.
         padded_kv_tokens: `kv_tokens` when decodes are attended in padded groups, longest
-            context first, as `schedlab.attention.padded_decode_groups` cuts them with the
+            context first, as `schedlab.shapes.padded_decode_groups` cuts them with the
             backend's `decode_pad_waste` (`kv_tokens` when none was given).
     """
 
@@ -185,7 +166,7 @@ class CostModel:
             swap = nbytes / self.tp / hw.host_bandwidth
         sampled = shape.num_sampled
         kv_tokens = shape.kv_tokens
-        if hw.padded_decode_attention and shape.padded_kv_tokens >= 0:
+        if hw.decode_pad_waste is not None and shape.padded_kv_tokens >= 0:
             kv_tokens = shape.padded_kv_tokens
         return RawTerms(
             linear_compute=shape.num_tokens * self.linear_flops_per_token / flops,

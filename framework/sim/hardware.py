@@ -41,9 +41,10 @@ class HardwareProfile:
         seq_overhead: seconds per scheduled sequence.
         prefill_overhead: seconds per prefill chunk (sequences running more than one token).
         allreduce_latency: seconds per all-reduce (two per layer when tp > 1).
-        padded_decode_attention: decode attention reads every sequence's K/V up to the
-            step's longest context (a padded batch, like the SDPA reference backend) rather
-            than each its own (paged kernels).
+        decode_pad_waste: the decode padding of the attention backend the profile was
+            measured on: decodes read K/V in padded groups that may add up to this fraction
+            of their contexts (`schedlab.shapes.padded_decode_groups`, as the sdpa backend
+            attends them); None: each decode reads its own context (paged kernels).
     """
 
     name: str
@@ -63,7 +64,7 @@ class HardwareProfile:
     seq_overhead: float = 2e-6
     prefill_overhead: float = 1e-5
     allreduce_latency: float = 8e-6
-    padded_decode_attention: bool = False
+    decode_pad_waste: float | None = None
 
     def __post_init__(self) -> None:
         for key in ("matmul_flops", "mem_bandwidth", "memory_capacity"):

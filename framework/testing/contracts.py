@@ -154,7 +154,8 @@ def attention_contract(cls: type, options: dict[str, Any] | None = None) -> None
     is not available on the CPU."""
     import torch
 
-    from schedlab.attention import AttentionMetadata, KVCacheSpec
+    from schedlab.attention import AttentionMetadata
+    from schedlab.shapes import KVCacheSpec
 
     cls.check_available(torch.device("cpu"))
     torch.manual_seed(0)

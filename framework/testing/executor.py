@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from schedlab.attention import KVCacheSpec
 from schedlab.config import EngineConfig
 from schedlab.executor import Executor, ExecutorOutput, VirtualClock
-from schedlab.model import ModelSpec
 from schedlab.plan import SchedulerOutput
 from schedlab.request import Request
+from schedlab.shapes import KVCacheSpec, ModelSpec
 
 if TYPE_CHECKING:
     from schedlab.kv_manager import KVCacheManager

@@ -10,19 +10,14 @@ import numpy as np
 import torch
 
 from schedlab import registry
-from schedlab.attention import AttentionBackend, AttentionMetadata, KVCacheSpec
+from schedlab.attention import AttentionBackend, AttentionMetadata
 from schedlab.config import EngineConfig
 from schedlab.executor import Executor, ExecutorOutput, ExecutorTimings, WallClock
-from schedlab.model import (
-    ATTN_IMPLEMENTATION,
-    ForwardContext,
-    ModelSpec,
-    register_attention,
-    resolve_dtype,
-)
+from schedlab.model import ATTN_IMPLEMENTATION, ForwardContext, register_attention, resolve_dtype
 from schedlab.plugins.executors.cuda_graphs import DecodeGraphRunner, graph_batch_sizes
 from schedlab.sampler import sample
 from schedlab.scheduler import SchedulerOutput
+from schedlab.shapes import KVCacheSpec, ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from schedlab.model import ModelSpec
+from schedlab.shapes import ModelSpec
 from schedlab.sim.costmodel import CostModel, RawTerms, StepShape
 from schedlab.sim.hardware import HardwareProfile
 

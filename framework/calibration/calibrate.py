@@ -16,18 +16,18 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from schedlab.calibration.costfit import PARAMS, FitResult, fit_profile
+from schedlab.calibration.measure import (
+    TIMERS,
+    Shape,
+    backend_pad_waste,
+    default_grid,
+    measure_host_overhead,
+    measure_torch,
+    shape_of,
+)
 from schedlab.config import DEFAULT_BLOCK_SIZE
-from schedlab.sim.costfit import PARAMS, FitResult, fit_profile
-from schedlab.sim.costmodel import decode_pad_waste
 from schedlab.sim.hardware import PRESETS, HardwareProfile, probe_cpu
-from schedlab.sim.measure import TIMERS as TIMERS
-from schedlab.sim.measure import CPUTimeClock as CPUTimeClock
-from schedlab.sim.measure import Shape as Shape
-from schedlab.sim.measure import default_grid as default_grid
-from schedlab.sim.measure import make_clock as make_clock
-from schedlab.sim.measure import measure_host_overhead as measure_host_overhead
-from schedlab.sim.measure import measure_torch as measure_torch
-from schedlab.sim.measure import shape_of as shape_of
 
 #: the devices a profile can describe (`HardwareProfile.device`)
 DEVICES = ("cpu", "cuda")
@@ -100,9 +100,8 @@ def base_profile(device: str = "cpu", hardware: str | None = None, dtype: str = 
     On the CPU the peaks are measured (`probe_cpu()`); on a GPU they are the datasheet figures
     of the preset `hardware` (`a100`, `h100`, `h200`; dense bf16 FLOP/s, so at float32 the
     fitted efficiencies come out far below 1). `dtype` becomes the profile's dtype (the
-    simulator's default element size), and `padded_decode_attention` follows what the backend
-    `attention` declares (`decode_pad_waste`; None, as triton: each decode reads its own
-    context).
+    simulator's default element size), and `decode_pad_waste` is what the backend `attention`
+    declares (None, as triton: each decode reads its own context).
     """
     import torch
 
@@ -119,7 +118,7 @@ def base_profile(device: str = "cpu", hardware: str | None = None, dtype: str = 
                        step_overhead=0.0, seq_overhead=0.0, prefill_overhead=0.0)
     name = str(resolve_dtype(dtype)).removeprefix("torch.")
     return replace(base, dtype=name,
-                   padded_decode_attention=decode_pad_waste(attention) is not None)
+                   decode_pad_waste=backend_pad_waste(attention))
 
 
 def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
