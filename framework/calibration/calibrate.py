@@ -115,6 +115,7 @@ def base_profile(device: str = "cpu", hardware: str | None = None, dtype: str = 
         base = replace(preset, name=f"{preset.name}-calibrated-{label}", device="cuda",
                        linear_efficiency=1.0, attention_efficiency=1.0,
                        memory_efficiency=1.0, kv_efficiency=1.0, interconnect_efficiency=1.0,
+                       kv_write_efficiency=1.0, elementwise_efficiency=1.0,
                        step_overhead=0.0, seq_overhead=0.0, prefill_overhead=0.0)
     name = str(resolve_dtype(dtype)).removeprefix("torch.")
     return replace(base, dtype=name,
@@ -126,7 +127,8 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
               host_overhead: bool = True, clock: str = "wall",
               block_size: int = DEFAULT_BLOCK_SIZE, device: str = "cpu",
               dtype: str = "float32", attention: str = "sdpa", hardware: str | None = None,
-              enforce_eager: bool = False, max_model_len: int | None = None) -> FitResult:
+              enforce_eager: bool = False, max_model_len: int | None = None,
+              hold_out: int = 0) -> FitResult:
     """Measure, fit and (if `out`) save a profile of `model_dir` served on `device`.
 
     The defaults calibrate this CPU: float32, the sdpa backend, peaks from `probe_cpu()`.
@@ -156,6 +158,8 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
         enforce_eager: no CUDA graphs on a GPU.
         max_model_len: the engine's `max_model_len` (sizes the graphs' context buckets and
             the default grid).
+        hold_out: leave every `hold_out`-th grid shape out of the fit and report its error
+            (0: fit them all).
 
     Raises:
         ValueError: settings that cannot be calibrated here (`check_setup`).
@@ -175,12 +179,14 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
     times = measure_torch(model_dir, grid, repeats, block_size=block_size, clock=clock, **opts)
     gc.collect()  # the measured executor's model and cache go before the engine's come
     fit = fit_profile(spec, base, [shape_of(e, attention) for e in grid], times,
-                      block_size=block_size, dtype_bytes=resolve_dtype(dtype).itemsize)
+                      block_size=block_size, dtype_bytes=resolve_dtype(dtype).itemsize,
+                      hold_out=hold_out)
     host = (measure_host_overhead(model_dir, clock=clock, **opts) if host_overhead
             else (0.0, 0.0))
     prof = fit.profile
     fit = FitResult(replace(prof, step_overhead=prof.step_overhead + host[0],
-                            seq_overhead=prof.seq_overhead + host[1]), fit.rel_errors)
+                            seq_overhead=prof.seq_overhead + host[1]), fit.rel_errors,
+                    fit.held_out)
     if verbose:
         print(f"measured {len(grid)} step shapes on {device} ({dtype}, attention={attention}, "
               f"{clock} time) in {time.perf_counter() - t0:.1f} s")
@@ -192,6 +198,9 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
         p = fit.profile
         print(f"fit: mean |error| {fit.mean_abs_error * 100:.1f}%  " + "  ".join(
             f"{k}={getattr(p, k):.4g}" for k in PARAMS))
+        if fit.held_out_error is not None:
+            print(f"held-out shapes ({len(fit.held_out)}): mean |error| "
+                  f"{fit.held_out_error * 100:.1f}%")
         print(f"host overhead between steps (engine + driver): {host[0] * 1e3:.3f} ms/step + "
               f"{host[1] * 1e6:.1f} us/seq (included in step_overhead / seq_overhead)")
     if out is not None:
@@ -224,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(default: the model's)")
     ap.add_argument("--enforce-eager", action="store_true",
                     help="on a GPU, run decode steps eagerly instead of from CUDA graphs")
+    ap.add_argument("--hold-out", type=int, default=0, metavar="K",
+                    help="leave every K-th grid shape out of the fit and report its error")
     ap.add_argument("--no-host-overhead", action="store_true",
                     help="fit the forward pass only, not the engine's time between steps")
     ap.add_argument("--clock", choices=sorted(TIMERS), default="wall",
@@ -250,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     calibrate(model, out, args.repeats, host_overhead=not args.no_host_overhead,
               clock=args.clock, device=args.device, dtype=args.dtype, attention=args.attention,
               hardware=args.hardware, enforce_eager=args.enforce_eager,
-              max_model_len=args.max_model_len)
+              max_model_len=args.max_model_len, hold_out=args.hold_out)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The simulated executor: the plan's cost predicted by a roofline model, on a virtual clock."""
+"""The simulated executor: the plan's cost predicted by the operator-level cost model, on a
+virtual clock."""
 
 from __future__ import annotations
 
@@ -55,6 +56,11 @@ class SimExecutor(Executor):
         if self.pad_waste is not None and "decode_pad_waste" in config.attention_options:
             self.pad_waste = float(config.attention_options["decode_pad_waste"])
         self.tp = tp
+        #: decode-only steps of at most this many sequences replay a CUDA graph (GPU profiles,
+        #: unless `enforce_eager`), as the torch executor captures them
+        self.graph_max_seqs = 0
+        if self.hardware.device == "cuda" and not config.enforce_eager:
+            self.graph_max_seqs = max(config.cuda_graph_sizes or [config.max_num_seqs])
         self.clock = VirtualClock()
         self.block_size = config.block_size
         eos = set(self.model_spec.eos_token_ids)
@@ -93,7 +99,8 @@ class SimExecutor(Executor):
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
         samples: list[bool] = []
         shape = StepShape.from_plan(plan, samples, self.pad_waste)
-        dt = self.cost_model.step_time(shape, self.block_size)
+        graphs = shape.num_prefills == 0 and shape.num_seqs <= self.graph_max_seqs
+        dt = self.cost_model.step_time(shape, self.block_size, graphs)
         self.clock.advance(dt)
         tok = self.placeholder
         sampled: list[int | None] = [tok if s else None for s in samples]
