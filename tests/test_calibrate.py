@@ -110,3 +110,22 @@ def test_decode_shapes_are_timed_through_the_cuda_graph_path(llama_dir, monkeypa
                           executor_options={"emulate_cuda_graphs": True})
     assert len(times) == 3 and min(times) > 0
     assert replays and set(replays) == {3}  # the decode-only step only, never the others
+
+
+def test_operators_measured_here_give_a_profile_with_each_operators_error(llama_dir, tmp_path,
+                                                                          capsys):
+    """`calibrate --operators CSV --measure-operators` times the model's operators on this
+    CPU, writes the documented CSV, fits it and says each operator's held-out error."""
+    from schedlab.calibration.profile_csv import read_profile
+    from schedlab.sim.operators import OPERATORS
+
+    ops, out = tmp_path / "ops.csv", tmp_path / "ops.json"
+    assert main(["--model", llama_dir, "--operators", str(ops), "--measure-operators",
+                 "--repeats", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert {r.operator for r in read_profile(ops)} == set(OPERATORS)
+    assert "gemm" in text and "held out" in text
+    saved = json.loads(out.read_text())
+    assert saved["device"] == "cpu" and saved["kernel_time"] > 0
+    # the profile runs the simulator
+    assert _sim_duration(llama_dir, out, "sdpa")[0] > 0

@@ -48,8 +48,9 @@ def test_decode_is_bounded_below_by_reading_the_weights():
     assert t >= weights / H100.mem_bandwidth
     assert t < 3 * weights / H100.mem_bandwidth  # still a memory-bound step, not more
     cost = cm.step_cost(shape, BS)
-    assert cost.gemm == pytest.approx(weights / (H100.mem_bandwidth * H100.memory_efficiency),
-                                      rel=0.01)
+    kernels = 4 * LLAMA8B.num_layers * H100.kernel_time  # each GEMM's least time
+    assert cost.gemm - kernels == pytest.approx(
+        weights / (H100.mem_bandwidth * H100.memory_efficiency), rel=0.01)
     terms = [getattr(cost, k) for k in (*op.OPERATORS, "allreduce", "swap")]
     assert cost.device == pytest.approx(sum(terms))
     assert cost.total == pytest.approx(cost.device + cost.launch + cost.overhead)
@@ -97,8 +98,9 @@ def test_tensor_parallel_halves_weight_time_and_adds_allreduce():
     decode = StepShape.from_lens([1] * 8, [500] * 8)
     one = CostModel(LLAMA8B, H100, 2, tp=1).step_cost(decode, BS)
     two = CostModel(LLAMA8B, H100, 2, tp=2).step_cost(decode, BS)
-    assert two.gemm == pytest.approx(one.gemm / 2, rel=0.01)
-    assert two.attention_decode == pytest.approx(one.attention_decode / 2)
+    floor = LLAMA8B.num_layers * H100.kernel_time  # per GEMM or attention call, not split
+    assert two.gemm - 4 * floor == pytest.approx((one.gemm - 4 * floor) / 2, rel=0.01)
+    assert two.attention_decode - floor == pytest.approx((one.attention_decode - floor) / 2)
     assert one.allreduce == 0.0 and two.allreduce > 0.0
     with pytest.raises(ValueError, match="tp=5"):
         CostModel(LLAMA8B, H100, 2, tp=5)
@@ -208,7 +210,7 @@ def test_small_m_gemms_fall_below_the_roofline_and_whole_tiles_are_computed():
     roof = [max(2 * m * k * n / (hw.matmul_flops * hw.linear_efficiency),
                 (k * n + m * (k + n)) * 2 / (hw.mem_bandwidth * hw.memory_efficiency))
             for m in (1, 128, 4096)]
-    got = [op.gemm_time(hw, m, k, n, 2) for m in (1, 128, 4096)]
+    got = [op.gemm_time(hw, m, k, n, 2) - hw.kernel_time for m in (1, 128, 4096)]
     assert got[0] == pytest.approx(roof[0], rel=0.01)  # memory-bound: the weights' read
     assert got[1] > 1.3 * roof[1]  # near the ridge, neither bound is reached
     assert got[2] == pytest.approx(roof[2], rel=0.02)  # compute-bound
@@ -226,3 +228,59 @@ def test_an_eager_step_on_a_small_model_is_launch_bound_and_graphs_remove_it():
     assert eager.launch > 0 and eager.launch + eager.device == pytest.approx(
         cm.kernels_per_step * PRESETS["h200"].launch_overhead)
     assert graphs.launch == 0.0 and graphs.total < eager.total
+
+
+def _operator_rows(truth: HardwareProfile, spec: ModelSpec, noise: float = 0.0):
+    from schedlab.calibration.profile_csv import OperatorTime, predict
+
+    model = CostModel(spec, truth, 2)
+    h, d, inter = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    gemms = ((h, d * (spec.num_heads + 2 * spec.num_kv_heads)), (d * spec.num_heads, h),
+             (h, 2 * inter), (inter, h))
+    rows = [OperatorTime("gemm", m, 1.0, k=k, n=n) for m in (1, 16, 64, 256, 1024, 4096)
+            for k, n in gemms]
+    rows += [OperatorTime("lm_head", m, 1.0) for m in (1, 8, 64)]
+    rows += [OperatorTime("attention_prefill", q, 1.0, context_len=c)
+             for q, c in ((256, 0), (512, 0), (1024, 0), (2048, 0), (512, 1024), (128, 3072))]
+    rows += [OperatorTime("attention_decode", 1, 1.0, num_seqs=b, context_len=c)
+             for b, c in ((1, 512), (8, 1024), (32, 2048), (128, 512), (64, 4096))]
+    rows += [OperatorTime(o, m, 1.0) for o in ("kv_write", "elementwise")
+             for m in (1, 16, 128, 512, 2048)]
+    rows += [OperatorTime("sampling", m, 1.0) for m in (1, 8, 64)]
+    rng = np.random.default_rng(0)
+    return [replace(r, time_s=predict(model, r) * (1 + noise * rng.standard_normal()))
+            for r in rows]
+
+
+def test_operator_profiles_round_trip_and_fit_each_operator(tmp_path):
+    from schedlab.calibration.profile_csv import fit_operators, read_profile, write_profile
+
+    truth = replace(PRESETS["a100"], linear_efficiency=0.55, memory_efficiency=0.75,
+                    attention_efficiency=0.4, kv_efficiency=0.6, kv_write_efficiency=0.02,
+                    elementwise_efficiency=0.5, kernel_time=3e-6)
+    rows = _operator_rows(truth, LLAMA8B, noise=0.01)
+    path = write_profile(tmp_path / "ops.csv", rows)
+    back = read_profile(path)
+    assert [(r.operator, r.num_tokens, r.k) for r in back] == [
+        (r.operator, r.num_tokens, r.k) for r in rows]
+    fit = fit_operators(LLAMA8B, PRESETS["a100"], back, dtype_bytes=2, hold_out=4)
+    for key in ("linear_efficiency", "memory_efficiency", "attention_efficiency",
+                "kv_efficiency", "kv_write_efficiency", "elementwise_efficiency"):
+        assert getattr(fit.profile, key) == pytest.approx(getattr(truth, key), rel=0.1), key
+    assert set(fit.errors) == set(op.OPERATORS)
+    assert fit.errors["gemm"].held_out and fit.errors["gemm"].held_out_error < 0.05
+
+
+def test_a_bad_operator_profile_names_the_line(tmp_path):
+    from schedlab.calibration.profile_csv import read_profile
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("# from my profiler\noperator,num_tokens,time_us\ngemm_fp8,4,1.0\n")
+    with pytest.raises(ValueError, match=r"line 2: operator='gemm_fp8'; accepted: gemm"):
+        read_profile(bad)
+    bad.write_text("operator,num_tokens,time_us\ngemm,4,1.0\n")
+    with pytest.raises(ValueError, match="line 2: a gemm row needs k and n"):
+        read_profile(bad)
+    bad.write_text("op,tokens\n")
+    with pytest.raises(ValueError, match="no column operator, num_tokens, time_us"):
+        read_profile(bad)

@@ -26,6 +26,7 @@ from schedlab.calibration.measure import (
     measure_torch,
     shape_of,
 )
+from schedlab.calibration.profile_csv import GROUPS, OperatorFit
 from schedlab.config import DEFAULT_BLOCK_SIZE
 from schedlab.sim.hardware import PRESETS, HardwareProfile, probe_cpu
 
@@ -210,6 +211,41 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
     return fit
 
 
+def calibrate_operators(model_dir: str, csv_path: str | Path, out: str | Path | None = None,
+                        measure: bool = False, device: str = "cpu", dtype: str = "float32",
+                        attention: str = "sdpa", hardware: str | None = None, repeats: int = 5,
+                        hold_out: int = 4, verbose: bool = True) -> OperatorFit:
+    """Fit the operator terms of the base profile (`base_profile`) to an operator-profile
+    CSV, after timing the model's operators here into it when `measure`; print each
+    operator's error on fitted and held-out shapes; save the profile to `out` if given.
+
+    The fixed per-step overheads stay at the base's: operator times do not contain them
+    (a step-level `calibrate` fits those).
+    """
+    from schedlab.calibration.measure_ops import measure_operators
+    from schedlab.calibration.profile_csv import fit_operators, read_profile, write_profile
+    from schedlab.model import resolve_dtype
+    from schedlab.sim.model_presets import load_config_dir
+
+    spec = load_config_dir(model_dir).spec
+    if measure:
+        write_profile(csv_path, measure_operators(spec, device, dtype, repeats))
+        if verbose:
+            print(f"wrote the operator times to {csv_path}")
+    base = base_profile(device, hardware, dtype, attention, Path(model_dir).name)
+    fit = fit_operators(spec, base, read_profile(csv_path), resolve_dtype(dtype).itemsize,
+                        hold_out)
+    if verbose:
+        print("\n".join(fit.summary()))
+        p = fit.profile
+        print("fit: " + "  ".join(f"{k}={getattr(p, k):.4g}" for _, ks in GROUPS for k in ks))
+    if out is not None:
+        path = fit.profile.save(out)
+        if verbose:
+            print(f"wrote {path}  (use: executor=sim hardware={path})")
+    return fit
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from schedlab.model import DTYPES
 
@@ -233,8 +269,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(default: the model's)")
     ap.add_argument("--enforce-eager", action="store_true",
                     help="on a GPU, run decode steps eagerly instead of from CUDA graphs")
-    ap.add_argument("--hold-out", type=int, default=0, metavar="K",
-                    help="leave every K-th grid shape out of the fit and report its error")
+    ap.add_argument("--hold-out", type=int, default=None, metavar="K",
+                    help="leave every K-th shape out of the fit and report its error "
+                         "(default: none for steps, 4 for --operators)")
+    ap.add_argument("--operators", default=None, metavar="CSV",
+                    help="fit each operator's terms to an operator profile CSV (format: "
+                         "schedlab.calibration.profile_csv) instead of timing whole steps")
+    ap.add_argument("--measure-operators", action="store_true",
+                    help="with --operators: time the model's operators here first and write "
+                         "them to that CSV")
     ap.add_argument("--no-host-overhead", action="store_true",
                     help="fit the forward pass only, not the engine's time between steps")
     ap.add_argument("--clock", choices=sorted(TIMERS), default="wall",
@@ -258,10 +301,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = str(build_tiny_model(size=args.size))
     out = args.out or ("outputs/hardware/cpu-calibrated.json" if kind == "cpu" else
                        f"outputs/hardware/{args.hardware.lower()}-calibrated.json")
+    if args.measure_operators and not args.operators:
+        ap.error("--measure-operators needs --operators CSV (where to write the times)")
+    if args.operators:
+        try:
+            calibrate_operators(model, args.operators, out, measure=args.measure_operators,
+                                device=args.device, dtype=args.dtype, attention=args.attention,
+                                hardware=args.hardware, repeats=args.repeats,
+                                hold_out=4 if args.hold_out is None else args.hold_out)
+        except (ValueError, FileNotFoundError) as e:
+            ap.error(str(e))
+        return 0
     calibrate(model, out, args.repeats, host_overhead=not args.no_host_overhead,
               clock=args.clock, device=args.device, dtype=args.dtype, attention=args.attention,
               hardware=args.hardware, enforce_eager=args.enforce_eager,
-              max_model_len=args.max_model_len, hold_out=args.hold_out)
+              max_model_len=args.max_model_len, hold_out=args.hold_out or 0)
     return 0
 
 

@@ -5,8 +5,8 @@ efficiency, prefill and decode attention, KV-cache writes, the elementwise kerne
 and sampling) over the layers, plus TP all-reduces and swaps, plus the host: an eager forward
 launches every kernel (on a GPU a step is launch-bound when that takes longer than the
 kernels), a captured CUDA graph is one replay, and each step pays fixed host costs. With
-tensor parallelism weights, heads and KV are split across `tp` devices. What it leaves out:
-`docs/simulator.md`.
+tensor parallelism weights, heads and KV are split across `tp` devices. What it models and
+what it leaves out: `ASSUMPTIONS.md` next to this file.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A profile holds the peaks of one device (matmul FLOP/s, memory bandwidth, capaci
 bandwidth), the fractions of them each operator reaches (efficiency factors), the shape
 effects of GEMMs (tiles, the ridge), kernel and launch times, and fixed per-step host costs.
 GPU presets use datasheet figures (dense bf16) and the defaults below (see
-`docs/simulator.md` for where each comes from); `cpu` is measured on the spot.
+`framework/sim/ASSUMPTIONS.md` for where each comes from); `cpu` is measured on the spot.
 """
 
 from __future__ import annotations

@@ -42,14 +42,14 @@ def combine(compute: float, memory: float, p: float) -> float:
 def gemm_time(hw: HardwareProfile, m: int, k: int, n: int, dtype_bytes: int) -> float:
     """One [m, k] x [k, n] matmul: tile-quantized FLOPs at `linear_efficiency` of peak,
     weights and activations at `memory_efficiency` of the bandwidth, combined near the
-    ridge (`combine` with `gemm_ridge_sharpness`)."""
+    ridge (`combine` with `gemm_ridge_sharpness`), plus one kernel's least time."""
     if m <= 0:
         return 0.0
     flop_time = 2.0 * k * n / (hw.matmul_flops * hw.linear_efficiency)
     memory = (k * n + m * (k + n)) * dtype_bytes / (hw.mem_bandwidth * hw.memory_efficiency)
     tile = hw.gemm_tile_m
     tiled = -(-m // tile) * tile * flop_time  # the whole tiles the GPU computes
-    return max(combine(m * flop_time, memory, hw.gemm_ridge_sharpness), tiled)
+    return max(combine(m * flop_time, memory, hw.gemm_ridge_sharpness), tiled) + hw.kernel_time
 
 
 def attention_prefill_time(hw: HardwareProfile, pairs: int, kv_tokens: int, heads: int,
@@ -60,7 +60,7 @@ def attention_prefill_time(hw: HardwareProfile, pairs: int, kv_tokens: int, head
         return 0.0
     compute = 4.0 * pairs * heads * head_dim / (hw.matmul_flops * hw.attention_efficiency)
     memory = kv_tokens * kv_bytes_per_token / (hw.mem_bandwidth * hw.kv_efficiency)
-    return max(compute, memory)
+    return max(compute, memory) + hw.kernel_time
 
 
 def attention_decode_time(hw: HardwareProfile, kv_tokens: int, heads: int, head_dim: int,
@@ -70,7 +70,7 @@ def attention_decode_time(hw: HardwareProfile, kv_tokens: int, heads: int, head_
         return 0.0
     compute = 4.0 * kv_tokens * heads * head_dim / (hw.matmul_flops * hw.attention_efficiency)
     memory = kv_tokens * kv_bytes_per_token / (hw.mem_bandwidth * hw.kv_efficiency)
-    return max(compute, memory)
+    return max(compute, memory) + hw.kernel_time
 
 
 def kv_write_time(hw: HardwareProfile, tokens: int, kv_bytes_per_token: float) -> float:
