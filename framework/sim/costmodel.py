@@ -13,11 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from operator import add, attrgetter, eq
 
 from schedlab.plan import SchedulerOutput
 from schedlab.shapes import ModelSpec, padded_decode_kv
 from schedlab.sim import operators as op
 from schedlab.sim.hardware import HardwareProfile
+
+_NEW, _START = attrgetter("num_new_tokens"), attrgetter("start")
+_TOTAL = attrgetter("request.num_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,20 +77,25 @@ class StepShape:
     def from_plan(cls, plan: SchedulerOutput, samples: list[bool] | None = None,
                   pad_waste: float | None = None) -> StepShape:
         """The plan's shape; `samples`, if given, receives whether each request samples;
-        `pad_waste` as in `from_lens`. One pass of sums over the plan (no per-request
-        objects); the padded decode reads need the sorted contexts only when padding."""
+        `pad_waste` as in `from_lens`. Sums over columns of the plan read with C-level
+        getters (no per-request Python frames); a step of decodes only (the common one at
+        high load) needs no per-sequence arithmetic, and the padded decode reads need the
+        contexts sorted only when padding."""
         scheduled = plan.scheduled
-        q = [sr.num_new_tokens for sr in scheduled]
-        s = [sr.start for sr in scheduled]
-        tokens, start_sum = sum(q), sum(s)
-        done = [a + b == sr.request.num_tokens for a, b, sr in zip(q, s, scheduled, strict=True)]
+        q = list(map(_NEW, scheduled))
+        s = list(map(_START, scheduled))
+        n, tokens, start_sum = len(q), sum(q), sum(s)
+        ends = list(map(add, q, s))
+        done = list(map(eq, ends, map(_TOTAL, scheduled)))
         if samples is not None:
             samples.extend(done)
-        n = len(q)
-        dec = [b + 1 for a, b in zip(q, s, strict=True) if a == 1]
-        dec_kv = sum(dec)
-        pre_pairs = sum(a * b + a * (a + 1) // 2 for a, b in zip(q, s, strict=True) if a > 1)
         kv = tokens + start_sum
+        if tokens == n:  # decodes only: each reads its context, start + 1
+            dec, pre_pairs = ends, 0
+        else:
+            dec = [e for a, e in zip(q, ends, strict=True) if a == 1]
+            pre_pairs = sum(a * b + a * (a + 1) // 2 for a, b in zip(q, s, strict=True) if a > 1)
+        dec_kv = sum(dec)
         padded = kv if pad_waste is None else kv - dec_kv + padded_decode_kv(dec, pad_waste)
         return cls(tokens, n, n - len(dec), sum(done), pre_pairs + dec_kv, kv,
                    len(plan.swap_in) + len(plan.swap_out), padded, dec_kv)
@@ -162,15 +171,40 @@ class CostModel:
                                                 + 3 * inter / tp + 6 * h)
         self._act_bytes_per_token = h * b
         self.kernels_per_step = spec.num_layers * op.KERNELS_PER_LAYER + op.KERNELS_PER_STEP
+        #: the layers' GEMM time by the step's token count, and the LM head's by its rows:
+        #: a step's cost is then O(1) dictionary work whatever its batch
+        self._gemm_by_tokens: dict[int, float] = {}
+        self._lm_head_by_rows: dict[int, tuple[float, float]] = {}
+
+    def gemm_time(self, num_tokens: int) -> float:
+        """All layers' GEMMs at `num_tokens` rows (memoized)."""
+        t = self._gemm_by_tokens.get(num_tokens)
+        if t is None:
+            hw, b = self.hw, self.dtype_bytes
+            t = self.spec.num_layers * sum(op.gemm_time(hw, num_tokens, k, n, b)
+                                           for k, n in self.gemms)
+            self._gemm_by_tokens[num_tokens] = t
+        return t
+
+    def lm_head_time(self, rows: int) -> tuple[float, float]:
+        """The LM head's GEMM and sampling at `rows` sampled rows (memoized)."""
+        t = self._lm_head_by_rows.get(rows)
+        if t is None:
+            spec, hw = self.spec, self.hw
+            t = (op.lm_head_time(hw, rows, spec.hidden_size, spec.vocab_size // self.tp,
+                                 self.dtype_bytes),
+                 op.sampling_time(hw, rows, spec.vocab_size))
+            self._lm_head_by_rows[rows] = t
+        return t
 
     def step_cost(self, shape: StepShape, block_size: int, graphs: bool = False) -> StepCost:
         """The predicted duration of one step, by term. `graphs`: the step replays a
         captured CUDA graph instead of launching its kernels one by one."""
-        hw, spec, layers, b = self.hw, self.spec, self.spec.num_layers, self.dtype_bytes
+        hw, spec, layers = self.hw, self.spec, self.spec.num_layers
         n = shape.num_tokens
         if not shape.num_seqs:
             return StepCost(*(0.0,) * 11)
-        gemm = layers * sum(op.gemm_time(hw, n, k, nn, b) for k, nn in self.gemms)
+        gemm = self.gemm_time(n)
         dec_kv = shape.decode_kv_tokens
         pre_pairs = shape.attn_pairs - dec_kv
         pre_kv = shape.kv_tokens - dec_kv
@@ -181,10 +215,7 @@ class CostModel:
         attn_dec = layers * op.attention_decode_time(hw, dec_kv, self.heads, d, kvb)
         kv_write = layers * op.kv_write_time(hw, n, kvb)
         elem = layers * op.elementwise_time(hw, n, self.elementwise_bytes_per_token)
-        rows = shape.num_sampled
-        vocab = spec.vocab_size // self.tp
-        lm_head = op.lm_head_time(hw, rows, spec.hidden_size, vocab, b)
-        sampling = op.sampling_time(hw, rows, spec.vocab_size)
+        lm_head, sampling = self.lm_head_time(shape.num_sampled)
         ar = 0.0
         if self.tp > 1 and n:
             msg = n * self._act_bytes_per_token
