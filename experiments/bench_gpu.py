@@ -295,7 +295,7 @@ def run_sim_calibrated(model_dir: str, wl: Workload, setup: Setup,
     the profile next to bench_gpu.json, and predict the workload with it.
 
     Returns (predicted seconds, steps, what the calibration did: profile, seconds, errors)."""
-    from schedlab.sim.calibrate import calibrate
+    from schedlab.calibration.calibrate import calibrate
 
     attention, engine = calibration_attention(setup)
     grid = bench_grid(setup)
@@ -434,8 +434,8 @@ def _main(argv: list[str] | None) -> int:
 
     from transformers.utils import logging as hf_logging
 
-    from schedlab.model import ModelSpec
     from schedlab.runs.results import collect_environment
+    from schedlab.shapes import ModelSpec
 
     hf_logging.set_verbosity_error()
     torch.manual_seed(args.seed)

@@ -72,9 +72,9 @@ def bench_speed(num_requests: int, profile: bool) -> None:
 def bench_fidelity(profile_path: str | None, size: str, threads: int, clock: str) -> None:
     import torch
 
-    from schedlab.sim.calibrate import calibrate
+    from schedlab.calibration.calibrate import calibrate
+    from schedlab.calibration.validate import METRICS, validate
     from schedlab.sim.hardware import HardwareProfile
-    from schedlab.sim.validate import METRICS, validate
     from schedlab.tiny import build_tiny_model
 
     torch.set_num_threads(threads)

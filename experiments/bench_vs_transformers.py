@@ -295,7 +295,7 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     from schedlab import registry
-    from schedlab.model import ModelSpec
+    from schedlab.shapes import ModelSpec
     from schedlab.tiny import build_tiny_model
 
     hf_logging.set_verbosity_error()

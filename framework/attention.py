@@ -3,85 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
+from schedlab.shapes import KVCacheSpec
+
 #: slot_mapping value of a padding token (a CUDA-graph bucket's filler rows): not stored
 PAD_SLOT_ID = -1
-
-
-def padded_decode_groups(
-    contexts: Sequence[int], max_waste: float, max_tokens: int | None = None
-) -> list[tuple[int, int]]:
-    """Cut decodes sorted longest context first into groups attended as one padded batch each.
-
-    A group starts at its longest context and grows while its padded K/V tokens (rows x the
-    longest context) stay within `(1 + max_waste)` x the tokens it really reads and within
-    `max_tokens`; `inf` and `None` make one group of everything. One pass, no tensor work.
-
-    Args:
-        contexts: context lengths, non-increasing.
-        max_waste: the padding a group may add, as a fraction of its real K/V tokens (>= 0).
-        max_tokens: the most padded K/V tokens one group may gather (None: no cap); a group
-            always takes at least one row.
-
-    Returns:
-        `[lo, hi)` row ranges covering `contexts` in order.
-    """
-    groups: list[tuple[int, int]] = []
-    lo, n = 0, len(contexts)
-    while lo < n:
-        longest, total, hi = contexts[lo], contexts[lo], lo + 1
-        limit = 1.0 + max_waste
-        cap = n if max_tokens is None else max(1, max_tokens // max(1, longest))
-        while (hi < n and hi - lo < cap
-               and longest * (hi - lo + 1) <= limit * (total + contexts[hi])):
-            total += contexts[hi]
-            hi += 1
-        groups.append((lo, hi))
-        lo = hi
-    return groups
-
-
-def padded_decode_kv(contexts: Sequence[int], max_waste: float | None) -> int:
-    """K/V tokens read by decodes of `contexts` under `padded_decode_groups` (`None`: each
-    decode reads only its own context, as paged kernels do)."""
-    if max_waste is None:
-        return sum(contexts)
-    ctx = sorted(contexts, reverse=True)
-    return sum(ctx[lo] * (hi - lo) for lo, hi in padded_decode_groups(ctx, max_waste))
-
-
-@dataclass(frozen=True, slots=True)
-class KVCacheSpec:
-    """The shape of the KV cache of one model.
-
-    Memory follows M = 2 x layers x kv_heads x head_dim x tokens x bytes per element.
-    """
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    block_size: int
-
-    @property
-    def bytes_per_token(self) -> int:
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
-
-    @property
-    def bytes_per_block(self) -> int:
-        return self.bytes_per_token * self.block_size
-
-    def bytes_for(self, num_tokens: int, num_seqs: int = 1) -> int:
-        return self.bytes_per_token * num_tokens * num_seqs
-
-    def num_blocks_for(self, memory_bytes: int) -> int:
-        return int(memory_bytes // self.bytes_per_block)
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@
 - `PacedClock`: a virtual clock held to the wall clock, so a simulated engine can serve live
   clients (`schedlab serve executor=sim`).
 
-`schedlab.sim.measure.CPUTimeClock` (this thread's CPU time) is the calibration's own.
+`schedlab.calibration.measure.CPUTimeClock` (this thread's CPU time) is the calibration's own.
 """
 
 from __future__ import annotations

@@ -20,13 +20,17 @@ LOAD_ORDER = ("scheduler", "queue", "kv_allocator", "prefix_cache", "attention",
 
 @dataclass(frozen=True, slots=True)
 class EnginePlugins:
-    """The engine's six plugins, loaded and their options checked (nothing built yet)."""
+    """The engine's six plugins, loaded and their options checked (nothing built yet).
+
+    `attention` is None for an installed backend name: only the executor that runs a model
+    loads its backend (and torch with it), so a simulated engine imports none.
+    """
 
     scheduler: registry.Plugin
     queue: registry.Plugin
     kv_allocator: registry.Plugin
     prefix_cache: registry.Plugin
-    attention: registry.Plugin
+    attention: registry.Plugin | None
     executor: registry.Plugin
 
 
@@ -43,11 +47,17 @@ def resolve_plugins(cfg: EngineConfig,
         ConfigError: an option a plugin does not take, or plugins that cannot work together.
     """
     found: dict[str, registry.Plugin] = {}
+    attention: registry.Plugin | None = None
     for kind in LOAD_ORDER:
         spec = executor_cls if kind == "executor" and executor_cls is not None else getattr(
             cfg, kind)
-        found[kind] = registry.resolve(kind, spec, getattr(cfg, f"{kind}_options"))
-    plugins = EnginePlugins(**found)
+        options = getattr(cfg, f"{kind}_options")
+        if kind != "attention":
+            found[kind] = registry.resolve(kind, spec, options)
+        elif registry.is_dotted(spec) or spec not in registry.available(kind):
+            attention = registry.resolve(kind, spec, options)  # an unknown one: the list
+        # NOTE: an installed backend is loaded and checked by the executor that uses it
+    plugins = EnginePlugins(attention=attention, **found)
     check_prefix_cache_fits(plugins.prefix_cache, plugins.kv_allocator)
     return plugins
 

@@ -4,12 +4,11 @@ the config and raises `ConfigError` naming the value to change."""
 
 from __future__ import annotations
 
-from schedlab.attention import KVCacheSpec
 from schedlab.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, ConfigError, EngineConfig, parse_bytes
 from schedlab.executor import Executor
-from schedlab.model import ModelSpec
 from schedlab.plan import SchedulerConfig
 from schedlab.scheduler import Scheduler
+from schedlab.shapes import KVCacheSpec, ModelSpec
 
 #: KV pool used when neither num_kv_blocks nor kv_cache_memory is set (and not on a GPU)
 DEFAULT_KV_MEMORY = 1 << 30

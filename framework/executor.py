@@ -5,10 +5,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from schedlab.attention import KVCacheSpec
 from schedlab.clock import Clock
-from schedlab.model import ModelSpec
 from schedlab.plan import SchedulerOutput
+from schedlab.shapes import KVCacheSpec, ModelSpec
 
 
 @dataclass(frozen=True, slots=True)

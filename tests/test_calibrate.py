@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
+from schedlab.calibration.calibrate import base_profile, calibrate, check_setup, main
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import RequestStatus
 from schedlab.runs.driver import run_workload
 from schedlab.runs.workload import build_workload
-from schedlab.sim.calibrate import base_profile, calibrate, check_setup, main
 from schedlab.sim.hardware import PRESETS
 
 SPEC = {"type": "synthetic", "num_requests": 4, "input_len": 32, "output_len": 8}
@@ -34,10 +34,10 @@ def test_bfloat16_calibration_gives_a_profile_the_sim_runs_at_two_bytes(llama_di
                     device="cpu", dtype="bf16", attention="sdpa")
     saved = json.loads(out.read_text())
     assert saved["dtype"] == "bfloat16" and saved["device"] == "cpu"
-    assert saved["padded_decode_attention"] is True  # sdpa pads decode groups
+    assert saved["decode_pad_waste"] == 0.25  # sdpa pads decode groups
     assert fit.profile.step_overhead > 0 and len(fit.rel_errors) == len(grid)
     duration, engine = _sim_duration(llama_dir, out, "sdpa")
-    assert duration > 0 and engine.executor.dtype == torch.bfloat16
+    assert duration > 0 and engine.executor.dtype == "bfloat16"
 
 
 def test_triton_calibration_charges_no_decode_padding(llama_dir, tmp_path):
@@ -46,7 +46,7 @@ def test_triton_calibration_charges_no_decode_padding(llama_dir, tmp_path):
     fit = calibrate(llama_dir, out=out, repeats=1, grid=[((16,), (0,)), ((1,) * 4, (8,) * 4)],
                     verbose=False, host_overhead=False, block_size=8, device="cpu",
                     dtype="float32", attention="triton")
-    assert fit.profile.padded_decode_attention is False
+    assert fit.profile.decode_pad_waste is None
     assert _sim_duration(llama_dir, out, "triton")[0] > 0
 
 
@@ -56,7 +56,7 @@ def test_a_gpu_base_profile_is_the_preset_with_efficiencies_at_one():
     assert (base.matmul_flops, base.mem_bandwidth) == (h200.matmul_flops, h200.mem_bandwidth)
     assert base.linear_efficiency == base.kv_efficiency == 1.0 and base.step_overhead == 0.0
     assert base.device == "cuda" and base.dtype == "bfloat16"
-    assert not base.padded_decode_attention and base.name == "H200-SXM-calibrated-m"
+    assert base.decode_pad_waste is None and base.name == "H200-SXM-calibrated-m"
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -94,8 +94,8 @@ def test_cli_names_the_new_options(capsys):
 def test_decode_shapes_are_timed_through_the_cuda_graph_path(llama_dir, monkeypatch):
     """On a GPU the calibration times what is served: decode-only steps replay graphs. Here
     the graphs' padded path runs eagerly (`emulate_cuda_graphs`), through the same runner."""
+    from schedlab.calibration.measure import measure_torch
     from schedlab.plugins.executors.cuda_graphs import DecodeGraphRunner
-    from schedlab.sim.calibrate import measure_torch
 
     replays = []
     run = DecodeGraphRunner.run
@@ -110,3 +110,22 @@ def test_decode_shapes_are_timed_through_the_cuda_graph_path(llama_dir, monkeypa
                           executor_options={"emulate_cuda_graphs": True})
     assert len(times) == 3 and min(times) > 0
     assert replays and set(replays) == {3}  # the decode-only step only, never the others
+
+
+def test_operators_measured_here_give_a_profile_with_each_operators_error(llama_dir, tmp_path,
+                                                                          capsys):
+    """`calibrate --operators CSV --measure-operators` times the model's operators on this
+    CPU, writes the documented CSV, fits it and says each operator's held-out error."""
+    from schedlab.calibration.profile_csv import read_profile
+    from schedlab.sim.operators import OPERATORS
+
+    ops, out = tmp_path / "ops.csv", tmp_path / "ops.json"
+    assert main(["--model", llama_dir, "--operators", str(ops), "--measure-operators",
+                 "--repeats", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert {r.operator for r in read_profile(ops)} == set(OPERATORS)
+    assert "gemm" in text and "held out" in text
+    saved = json.loads(out.read_text())
+    assert saved["device"] == "cpu" and saved["kernel_time"] > 0
+    # the profile runs the simulator
+    assert _sim_duration(llama_dir, out, "sdpa")[0] > 0

@@ -9,8 +9,9 @@ import torch
 from capture_safety import CaptureSafetyRecorder
 
 from schedlab import LLM, SamplingParams, registry
-from schedlab.attention import PAD_SLOT_ID, AttentionMetadata, KVCacheSpec
+from schedlab.attention import PAD_SLOT_ID, AttentionMetadata
 from schedlab.plugins.attention.sdpa import SDPABackend
+from schedlab.shapes import KVCacheSpec
 
 
 def _record(fn) -> CaptureSafetyRecorder:

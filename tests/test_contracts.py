@@ -127,10 +127,8 @@ def test_every_eos_id_ends_a_request():
     """A checkpoint may have several EOS ids (Llama-3-Instruct's <|eot_id|>): each one stops."""
     import dataclasses
 
-    from fakes import FAKE_SPEC
-
     class TwoEos(FakeExecutor):
-        spec = dataclasses.replace(FAKE_SPEC, eos_token_ids=(0, 7))
+        spec = dataclasses.replace(FakeExecutor.spec, eos_token_ids=(0, 7))
 
         def execute(self, plan):
             out = super().execute(plan)

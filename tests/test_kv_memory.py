@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from schedlab import LLM
-from schedlab.attention import KVCacheSpec
 from schedlab.config import parse_bytes
+from schedlab.shapes import KVCacheSpec
 
 
 def test_reference_example_512_mib():

@@ -8,14 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from schedlab.attention import (
-    PAD_SLOT_ID,
-    AttentionMetadata,
-    KVCacheSpec,
-    padded_decode_groups,
-    padded_decode_kv,
-)
+from schedlab.attention import PAD_SLOT_ID, AttentionMetadata
 from schedlab.plugins.attention.sdpa import SDPABackend
+from schedlab.shapes import KVCacheSpec, padded_decode_groups, padded_decode_kv
 
 H, HKV, D, BS = 4, 2, 16, 4
 

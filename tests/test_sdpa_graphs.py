@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from schedlab.attention import PAD_SLOT_ID, AttentionMetadata, KVCacheSpec
+from schedlab.attention import PAD_SLOT_ID, AttentionMetadata
 from schedlab.plugins.attention.sdpa import SDPABackend
+from schedlab.shapes import KVCacheSpec
 
 H, HKV, D, BS, NUM_BLOCKS = 4, 2, 16, 4, 20
 CTX = [13, 7, 2]  # real decodes, longest first

@@ -156,7 +156,7 @@ def test_options_and_bad_values():
 def test_calibration_fits_the_real_executor_through_the_engine_api(llama_dir, tmp_path):
     """`schedlab calibrate` times the torch executor on CPU time, fits a profile, saves it, and
     the simulator loads it; the host-overhead run uses an injected clock, nothing patched."""
-    from schedlab.sim.calibrate import calibrate
+    from schedlab.calibration.calibrate import calibrate
 
     grid = [((8,), (0,)), ((32,), (0,)), ((1,) * 4, (16,) * 4), ((1,) * 8, (32,) * 8)]
     out = tmp_path / "cpu.json"
@@ -170,3 +170,21 @@ def test_calibration_fits_the_real_executor_through_the_engine_api(llama_dir, tm
     run = run_workload(engine, build_workload(spec, engine.model_spec.vocab_size, seed=0))
     assert run.duration_s > 0
     assert all(r.status is RequestStatus.FINISHED_LENGTH for r in run.requests)
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_decode_steps_replay_graphs_unless_eager(llama_dir, enforce_eager):
+    """A small model's eager decode on an H200 is launch-bound; captured graphs are not."""
+    from schedlab.plan import ScheduledRequest, SchedulerOutput
+    from schedlab.request import Request, SamplingParams
+
+    cfg = EngineConfig(model=llama_dir, executor="sim", enforce_eager=enforce_eager)
+    ex = registry.load("executor", "sim")(cfg, hardware="h200")
+    req = Request("a", [1] * 10, SamplingParams(max_tokens=4))
+    plan = SchedulerOutput([ScheduledRequest(req, 1, 9, [0])])
+    shape = StepShape.from_plan(plan)
+    eager = ex.cost_model.step_cost(shape, cfg.block_size)
+    assert eager.launch > 0  # the kernels finish before their launches do
+    want = eager.total if enforce_eager else ex.cost_model.step_time(shape, cfg.block_size, True)
+    assert ex.execute(plan).step_time == pytest.approx(want)
+    assert (ex.execute(plan).step_time < eager.total) is not enforce_eager

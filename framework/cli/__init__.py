@@ -101,8 +101,8 @@ def plugins_command(args: Sequence[str]) -> int:
 DELEGATES = {
     "report": ("schedlab.runs.report", "the report"),
     "compare": ("schedlab.cli.compare", "the paired comparison"),
-    "calibrate": ("schedlab.sim.calibrate", "the cost-model calibration"),
-    "validate": ("schedlab.sim.validate", "the simulator validation"),
+    "calibrate": ("schedlab.calibration.calibrate", "the cost-model calibration"),
+    "validate": ("schedlab.calibration.validate", "the simulator validation"),
 }
 
 

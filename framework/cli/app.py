@@ -77,6 +77,7 @@ def execute(s: RunSettings) -> dict[str, Any]:
             raise
         what = "engine" if s.cluster is None else "cluster"
         raise ConfigError(f"the {what} could not be built from this config: {e}") from None
+    seed_everything(s.seed)  # torch too, now that the engine imported it (a real executor)
     vocab = cluster.instances[0].engine.model_spec.vocab_size
     workload = build_workload(s.workload, vocab, seed=s.seed)
 
@@ -176,13 +177,16 @@ def write_steps_csv(path: Path, step_stats: list) -> Path:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (the engine seeds its own sampler from the config)."""
+    """Seed python, numpy and, once this process has imported it, torch (the engine seeds its
+    own sampler from the config). A simulated run never imports torch, so it is not seeded
+    here: `execute` seeds again once the engine is built."""
     import numpy as np
-    import torch
 
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
 
 
 def _sweep_names() -> tuple[str | None, str | None]:

@@ -73,12 +73,7 @@ def collect_environment() -> dict[str, Any]:
             env[pkg] = None
     env["git_commit"], env["git_dirty"] = _git_state()
     env["device"], env["gpu"] = "cpu", None
-    torch = sys.modules.get("torch")
-    if torch is None:
-        try:
-            import torch
-        except ImportError:  # pragma: no cover
-            torch = None
+    torch = sys.modules.get("torch")  # a run that never imported torch used no GPU
     if torch is not None and torch.cuda.is_available():
         env["device"] = "cuda"
         env["gpu"] = torch.cuda.get_device_name(0)

@@ -1,37 +1,27 @@
-"""A roofline cost model of one engine step: linear layers, attention, logits, TP all-reduce.
+"""An operator-level cost model of one engine step on named hardware.
 
-Each term takes max(compute time, memory time), the peaks scaled by the profile's efficiency
-factors. With tensor parallelism the weights, heads and KV are split across `tp` devices and
-every layer pays two all-reduces of the step's activations.
+A step is the sum of its operators (`schedlab.sim.operators`: the GEMMs with shape-dependent
+efficiency, prefill and decode attention, KV-cache writes, the elementwise kernels, the LM head
+and sampling) over the layers, plus TP all-reduces and swaps, plus the host: an eager forward
+launches every kernel (on a GPU a step is launch-bound when that takes longer than the
+kernels), a captured CUDA graph is one replay, and each step pays fixed host costs. With
+tensor parallelism weights, heads and KV are split across `tp` devices. What it models and
+what it leaves out: `ASSUMPTIONS.md` next to this file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from operator import add, attrgetter, eq
 
-from schedlab.attention import padded_decode_kv
-from schedlab.model import ModelSpec
 from schedlab.plan import SchedulerOutput
+from schedlab.shapes import ModelSpec, padded_decode_kv
+from schedlab.sim import operators as op
 from schedlab.sim.hardware import HardwareProfile
 
-
-def decode_pad_waste(attention: str | type = "sdpa",
-                     options: Mapping[str, Any] | None = None) -> float | None:
-    """The decode padding the attention backend `attention` declares (its class attribute
-    `decode_pad_waste`, or the `decode_pad_waste` of its options), read through the registry:
-    None for a backend that reads each decode's own context only, or one not installed."""
-    from schedlab import registry
-
-    try:
-        cls = registry.load("attention", attention)
-    except (registry.PluginError, ImportError):
-        return None
-    waste = getattr(cls, "decode_pad_waste", None)
-    if waste is not None and options and "decode_pad_waste" in options:
-        waste = float(options["decode_pad_waste"])
-    return waste
+_NEW, _START = attrgetter("num_new_tokens"), attrgetter("start")
+_TOTAL = attrgetter("request.num_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +37,9 @@ class StepShape:
         kv_tokens: context tokens whose K/V is read, summed over sequences.
         num_swapped_blocks: KV blocks copied between host and device before the step.
         padded_kv_tokens: `kv_tokens` when decodes are attended in padded groups, longest
-            context first, as `schedlab.attention.padded_decode_groups` cuts them with the
+            context first, as `schedlab.shapes.padded_decode_groups` cuts them with the
             backend's `decode_pad_waste` (`kv_tokens` when none was given).
+        decode_kv_tokens: the part of `kv_tokens` read by decodes (one-token queries).
     """
 
     num_tokens: int
@@ -59,6 +50,7 @@ class StepShape:
     kv_tokens: int
     num_swapped_blocks: int = 0
     padded_kv_tokens: int = -1
+    decode_kv_tokens: int = 0
 
     @classmethod
     def from_lens(cls, query_lens: Sequence[int], starts: Sequence[int],
@@ -78,64 +70,66 @@ class StepShape:
             attn_pairs=pairs,
             kv_tokens=kv,
             padded_kv_tokens=kv - sum(dec) + padded_decode_kv(dec, pad_waste),
+            decode_kv_tokens=sum(dec),
         )
 
     @classmethod
     def from_plan(cls, plan: SchedulerOutput, samples: list[bool] | None = None,
                   pad_waste: float | None = None) -> StepShape:
         """The plan's shape; `samples`, if given, receives whether each request samples;
-        `pad_waste` as in `from_lens`."""
-        tokens = prefills = sampled = pairs = kv = dec_kv = 0
-        dec: list[int] = []
-        for sr in plan.scheduled:
-            q, s = sr.num_new_tokens, sr.start
-            tokens += q
-            kv += q + s
-            if q == 1:
-                pairs += s + 1
-                dec_kv += s + 1
-                dec.append(s + 1)
-            else:
-                prefills += 1
-                pairs += q * s + q * (q + 1) // 2
-            done = s + q == sr.request.num_tokens
-            sampled += done
-            if samples is not None:
-                samples.append(done)
-        return cls(tokens, len(plan.scheduled), prefills, sampled, pairs, kv,
-                   len(plan.swap_in) + len(plan.swap_out),
-                   kv - dec_kv + padded_decode_kv(dec, pad_waste))
-
-
-@dataclass(frozen=True, slots=True)
-class RawTerms:
-    """Seconds each part of a step would take at 100% of peak (the calibration features)."""
-
-    linear_compute: float
-    linear_memory: float
-    attention_compute: float
-    attention_memory: float
-    logits_compute: float
-    logits_memory: float
-    allreduce: float
-    swap: float
-
-
+        `pad_waste` as in `from_lens`. Sums over columns of the plan read with C-level
+        getters (no per-request Python frames); a step of decodes only (the common one at
+        high load) needs no per-sequence arithmetic, and the padded decode reads need the
+        contexts sorted only when padding."""
+        scheduled = plan.scheduled
+        q = list(map(_NEW, scheduled))
+        s = list(map(_START, scheduled))
+        n, tokens, start_sum = len(q), sum(q), sum(s)
+        ends = list(map(add, q, s))
+        done = list(map(eq, ends, map(_TOTAL, scheduled)))
+        if samples is not None:
+            samples.extend(done)
+        kv = tokens + start_sum
+        if tokens == n:  # decodes only: each reads its context, start + 1
+            dec, pre_pairs = ends, 0
+        else:
+            dec = [e for a, e in zip(q, ends, strict=True) if a == 1]
+            pre_pairs = sum(a * b + a * (a + 1) // 2 for a, b in zip(q, s, strict=True) if a > 1)
+        dec_kv = sum(dec)
+        padded = kv if pad_waste is None else kv - dec_kv + padded_decode_kv(dec, pad_waste)
+        return cls(tokens, n, n - len(dec), sum(done), pre_pairs + dec_kv, kv,
+                   len(plan.swap_in) + len(plan.swap_out), padded, dec_kv)
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """A step's predicted duration by term (seconds); `total` is their sum."""
+    """A step's predicted duration by term (seconds); `total` is their sum.
 
-    linear: float
-    attention: float
-    logits: float
+    The device terms are the operators of `schedlab.sim.operators` over all layers;
+    `launch` is the host's launch time the device did not hide (all of it on a CPU, where
+    host and device are one; on a GPU the part above the device time); `overhead` the fixed
+    host costs per step, sequence and prefill.
+    """
+
+    gemm: float
+    attention_prefill: float
+    attention_decode: float
+    kv_write: float
+    elementwise: float
+    lm_head: float
+    sampling: float
     allreduce: float
     swap: float
+    launch: float
     overhead: float
 
     @property
+    def device(self) -> float:
+        """The device's busy time: every term but the host's."""
+        return (self.gemm + self.attention_prefill + self.attention_decode + self.kv_write
+                + self.elementwise + self.lm_head + self.sampling + self.allreduce + self.swap)
+
+    @property
     def total(self) -> float:
-        return (self.linear + self.attention + self.logits + self.allreduce + self.swap
-                + self.overhead)
+        return self.device + self.launch + self.overhead
 
 
 class CostModel:
@@ -143,7 +137,7 @@ class CostModel:
 
     Args:
         spec: the model's shape.
-        hw: the device profile (peaks, efficiencies, overheads).
+        hw: the device profile (peaks, efficiencies, shape effects, overheads).
         dtype_bytes: bytes per weight and KV element (2 for bf16).
         tp: tensor-parallel degree.
     """
@@ -156,70 +150,88 @@ class CostModel:
             raise ValueError(f"tp={tp} does not divide the model's {spec.num_heads} heads")
         self.spec, self.hw, self.tp, self.dtype_bytes = spec, hw, tp, dtype_bytes
         h, d, b = spec.hidden_size, spec.head_dim, dtype_bytes
-        per_layer = (h * d * 2 * (spec.num_heads + spec.num_kv_heads)
-                     + 3 * h * spec.intermediate_size)
+        inter = spec.intermediate_size
+        per_layer = h * d * 2 * (spec.num_heads + spec.num_kv_heads) + 3 * h * inter
         #: weights of the linear layers (attention projections and MLP), all layers
         self.linear_params = spec.num_layers * per_layer
         kv_heads = max(spec.num_kv_heads / tp, 1.0)  # KV heads are replicated below one per GPU
         self.weight_bytes = self.linear_params * b / tp
-        self.linear_flops_per_token = 2 * self.linear_params / tp
-        self.attn_flops_per_pair = 4 * spec.num_layers * spec.num_heads * d / tp
-        self.kv_bytes_per_token = 2 * spec.num_layers * kv_heads * d * b
-        self.logits_flops_per_row = 2 * h * spec.vocab_size / tp
         self.lm_head_bytes = h * spec.vocab_size * b / tp
+        #: (K, N) of each layer's GEMMs on one device: QKV, O, gate+up, down
+        self.gemms = ((h, d * (spec.num_heads + 2 * spec.num_kv_heads) // tp),
+                      (d * spec.num_heads // tp, h), (h, 2 * inter // tp), (inter // tp, h))
+        self.heads = spec.num_heads // tp
+        self.kv_bytes_per_token_layer = 2 * kv_heads * d * b
+        self.kv_bytes_per_token = spec.num_layers * self.kv_bytes_per_token_layer
         self.kv_bytes_per_token_total = 2 * spec.num_layers * spec.num_kv_heads * d * b
+        # per token and layer: 2 RMSNorms (read + write), RoPE on q and k, the gated
+        # activation (read 2 x inter, write inter), 2 residual adds (read 2, write 1)
+        q_width, kv_width = d * spec.num_heads / tp, d * kv_heads
+        self.elementwise_bytes_per_token = b * (4 * h + 2 * (q_width + kv_width)
+                                                + 3 * inter / tp + 6 * h)
         self._act_bytes_per_token = h * b
+        self.kernels_per_step = spec.num_layers * op.KERNELS_PER_LAYER + op.KERNELS_PER_STEP
+        #: the layers' GEMM time by the step's token count, and the LM head's by its rows:
+        #: a step's cost is then O(1) dictionary work whatever its batch
+        self._gemm_by_tokens: dict[int, float] = {}
+        self._lm_head_by_rows: dict[int, tuple[float, float]] = {}
 
-    def raw_terms(self, shape: StepShape, block_size: int) -> RawTerms:
-        """Each term's compute and memory time at peak, before efficiencies."""
-        hw = self.hw
-        flops, bw = hw.matmul_flops, hw.mem_bandwidth
+    def gemm_time(self, num_tokens: int) -> float:
+        """All layers' GEMMs at `num_tokens` rows (memoized)."""
+        t = self._gemm_by_tokens.get(num_tokens)
+        if t is None:
+            hw, b = self.hw, self.dtype_bytes
+            t = self.spec.num_layers * sum(op.gemm_time(hw, num_tokens, k, n, b)
+                                           for k, n in self.gemms)
+            self._gemm_by_tokens[num_tokens] = t
+        return t
+
+    def lm_head_time(self, rows: int) -> tuple[float, float]:
+        """The LM head's GEMM and sampling at `rows` sampled rows (memoized)."""
+        t = self._lm_head_by_rows.get(rows)
+        if t is None:
+            spec, hw = self.spec, self.hw
+            t = (op.lm_head_time(hw, rows, spec.hidden_size, spec.vocab_size // self.tp,
+                                 self.dtype_bytes),
+                 op.sampling_time(hw, rows, spec.vocab_size))
+            self._lm_head_by_rows[rows] = t
+        return t
+
+    def step_cost(self, shape: StepShape, block_size: int, graphs: bool = False) -> StepCost:
+        """The predicted duration of one step, by term. `graphs`: the step replays a
+        captured CUDA graph instead of launching its kernels one by one."""
+        hw, spec, layers = self.hw, self.spec, self.spec.num_layers
+        n = shape.num_tokens
+        if not shape.num_seqs:
+            return StepCost(*(0.0,) * 11)
+        gemm = self.gemm_time(n)
+        dec_kv = shape.decode_kv_tokens
+        pre_pairs = shape.attn_pairs - dec_kv
+        pre_kv = shape.kv_tokens - dec_kv
+        if hw.decode_pad_waste is not None and shape.padded_kv_tokens >= 0:
+            dec_kv = shape.padded_kv_tokens - pre_kv
+        kvb, d = self.kv_bytes_per_token_layer, spec.head_dim
+        attn_pre = layers * op.attention_prefill_time(hw, pre_pairs, pre_kv, self.heads, d, kvb)
+        attn_dec = layers * op.attention_decode_time(hw, dec_kv, self.heads, d, kvb)
+        kv_write = layers * op.kv_write_time(hw, n, kvb)
+        elem = layers * op.elementwise_time(hw, n, self.elementwise_bytes_per_token)
+        lm_head, sampling = self.lm_head_time(shape.num_sampled)
         ar = 0.0
-        if self.tp > 1 and shape.num_tokens:
-            msg = shape.num_tokens * self._act_bytes_per_token
+        if self.tp > 1 and n:
+            msg = n * self._act_bytes_per_token
             ring = 2 * (self.tp - 1) / self.tp * msg / hw.interconnect_bandwidth
-            ar = 2 * self.spec.num_layers * ring
+            ar = 2 * layers * (ring / hw.interconnect_efficiency + hw.allreduce_latency)
         swap = 0.0
         if shape.num_swapped_blocks:
             nbytes = shape.num_swapped_blocks * block_size * self.kv_bytes_per_token_total
             swap = nbytes / self.tp / hw.host_bandwidth
-        sampled = shape.num_sampled
-        kv_tokens = shape.kv_tokens
-        if hw.padded_decode_attention and shape.padded_kv_tokens >= 0:
-            kv_tokens = shape.padded_kv_tokens
-        return RawTerms(
-            linear_compute=shape.num_tokens * self.linear_flops_per_token / flops,
-            linear_memory=self.weight_bytes / bw if shape.num_tokens else 0.0,
-            attention_compute=shape.attn_pairs * self.attn_flops_per_pair / flops,
-            attention_memory=kv_tokens * self.kv_bytes_per_token / bw,
-            logits_compute=sampled * self.logits_flops_per_row / flops,
-            logits_memory=self.lm_head_bytes / bw if sampled else 0.0,
-            allreduce=ar,
-            swap=swap,
-        )
-
-    def step_cost(self, shape: StepShape, block_size: int) -> StepCost:
-        """The predicted duration of one step, by term."""
-        hw = self.hw
-        r = self.raw_terms(shape, block_size)
-        el, ea, em = hw.linear_efficiency, hw.attention_efficiency, hw.memory_efficiency
-        ek = hw.kv_efficiency
-        ar = 0.0
-        if self.tp > 1 and shape.num_tokens:
-            ar = r.allreduce / hw.interconnect_efficiency + 2 * self.spec.num_layers * (
-                hw.allreduce_latency)
-        overhead = 0.0
-        if shape.num_seqs:
-            overhead = (hw.step_overhead + hw.seq_overhead * shape.num_seqs
+        cost = StepCost(gemm, attn_pre, attn_dec, kv_write, elem, lm_head, sampling, ar, swap,
+                        0.0, hw.step_overhead + hw.seq_overhead * shape.num_seqs
                         + hw.prefill_overhead * shape.num_prefills)
-        return StepCost(
-            linear=max(r.linear_compute / el, r.linear_memory / em),
-            attention=max(r.attention_compute / ea, r.attention_memory / ek),
-            logits=max(r.logits_compute / el, r.logits_memory / em),
-            allreduce=ar,
-            swap=r.swap,
-            overhead=overhead,
-        )
+        host = (hw.graph_launch_overhead if graphs
+                else self.kernels_per_step * hw.launch_overhead)
+        launch = host if hw.device == "cpu" else max(0.0, host - cost.device)
+        return replace(cost, launch=launch)
 
-    def step_time(self, shape: StepShape, block_size: int) -> float:
-        return self.step_cost(shape, block_size).total
+    def step_time(self, shape: StepShape, block_size: int, graphs: bool = False) -> float:
+        return self.step_cost(shape, block_size, graphs).total

@@ -1,8 +1,10 @@
 """Hardware profiles for the cost model: datasheet presets, a CPU probe, JSON save/load.
 
 A profile holds the peaks of one device (matmul FLOP/s, memory bandwidth, capacity, link
-bandwidth) and the fractions of them a serving stack reaches (efficiency factors), plus fixed
-per-step costs. GPU presets use datasheet figures (dense bf16); `cpu` is measured on the spot.
+bandwidth), the fractions of them each operator reaches (efficiency factors), the shape
+effects of GEMMs (tiles, the ridge), kernel and launch times, and fixed per-step host costs.
+GPU presets use datasheet figures (dense bf16) and the defaults below (see
+`framework/sim/ASSUMPTIONS.md` for where each comes from); `cpu` is measured on the spot.
 """
 
 from __future__ import annotations
@@ -32,18 +34,36 @@ class HardwareProfile:
         host_bandwidth: device <-> host bandwidth (bytes/s), for swapped KV blocks.
         dtype: the serving dtype the peaks refer to (weights and KV cache).
         device: "cuda" or "cpu" (a cpu profile leaves KV sizing to the engine's default).
-        linear_efficiency: fraction of `matmul_flops` reached by the linear layers and logits.
+        linear_efficiency: fraction of `matmul_flops` a large GEMM reaches (linear layers
+            and logits).
         attention_efficiency: fraction of `matmul_flops` reached by attention.
-        memory_efficiency: fraction of `mem_bandwidth` reached when streaming weights.
+        memory_efficiency: fraction of `mem_bandwidth` reached when streaming weights (and
+            logits when sampling).
         kv_efficiency: fraction of `mem_bandwidth` reached when attention reads the KV cache.
         interconnect_efficiency: fraction of `interconnect_bandwidth` reached by all-reduce.
-        step_overhead: fixed seconds per step (launches, input preparation, sampling).
+        step_overhead: fixed host seconds per step outside the forward (input preparation,
+            reading the sampled tokens back).
         seq_overhead: seconds per scheduled sequence.
         prefill_overhead: seconds per prefill chunk (sequences running more than one token).
         allreduce_latency: seconds per all-reduce (two per layer when tp > 1).
-        padded_decode_attention: decode attention reads every sequence's K/V up to the
-            step's longest context (a padded batch, like the SDPA reference backend) rather
-            than each its own (paged kernels).
+        gemm_tile_m: GEMM rows per tile: M is rounded up to whole tiles (tile quantization;
+            1: none).
+        gemm_ridge_sharpness: p of the p-norm joining a GEMM's compute and memory times;
+            small near the ridge point means small-M GEMMs well below both bounds, `inf` is
+            the plain roofline max.
+        kv_write_efficiency: fraction of `mem_bandwidth` the KV-cache write (a scatter of
+            small rows into blocks) reaches.
+        elementwise_efficiency: fraction of `mem_bandwidth` the elementwise kernels (norms,
+            RoPE, activation, residual adds) reach.
+        kernel_time: the least device time of one small kernel (seconds).
+        launch_overhead: host seconds to launch one kernel in an eager forward; on a GPU a
+            step whose launches take longer than its kernels is launch-bound.
+        graph_launch_overhead: host seconds to replay one captured CUDA graph (a decode-only
+            step when the engine runs graphs).
+        decode_pad_waste: the decode padding of the attention backend the profile was
+            measured on: decodes read K/V in padded groups that may add up to this fraction
+            of their contexts (`schedlab.shapes.padded_decode_groups`, as the sdpa backend
+            attends them); None: each decode reads its own context (paged kernels).
     """
 
     name: str
@@ -63,17 +83,27 @@ class HardwareProfile:
     seq_overhead: float = 2e-6
     prefill_overhead: float = 1e-5
     allreduce_latency: float = 8e-6
-    padded_decode_attention: bool = False
+    gemm_tile_m: int = 64
+    gemm_ridge_sharpness: float = 2.2
+    kv_write_efficiency: float = 0.006
+    elementwise_efficiency: float = 0.6
+    kernel_time: float = 2e-6
+    launch_overhead: float = 5e-6
+    graph_launch_overhead: float = 2e-5
+    decode_pad_waste: float | None = None
 
     def __post_init__(self) -> None:
         for key in ("matmul_flops", "mem_bandwidth", "memory_capacity"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"hardware {key}={getattr(self, key)!r} must be positive")
         for key in ("linear_efficiency", "attention_efficiency", "memory_efficiency",
-                    "kv_efficiency", "interconnect_efficiency"):
+                    "kv_efficiency", "interconnect_efficiency", "kv_write_efficiency",
+                    "elementwise_efficiency", "gemm_ridge_sharpness"):
             v = getattr(self, key)
             if not v > 0:
                 raise ValueError(f"hardware {key}={v!r} must be positive (a fraction of peak)")
+        if not (isinstance(self.gemm_tile_m, int) and self.gemm_tile_m >= 1):
+            raise ValueError(f"hardware gemm_tile_m={self.gemm_tile_m!r} must be an integer >= 1")
         if self.device not in ("cuda", "cpu"):
             raise ValueError(f"hardware device={self.device!r}; accepted: cuda, cpu")
 
@@ -119,6 +149,12 @@ def preset_names() -> list[str]:
     return [*PRESETS, "cpu"]
 
 
+#: the shape and launch terms of a profile nobody has fitted yet: pure roofline, no launches
+UNFITTED_SHAPE_TERMS: dict[str, Any] = dict(
+    gemm_tile_m=1, gemm_ridge_sharpness=float("inf"), kv_write_efficiency=1.0,
+    elementwise_efficiency=1.0, kernel_time=0.0, launch_overhead=0.0, graph_launch_overhead=0.0)
+
+
 @cache
 def probe_cpu(seconds: float = 1.0) -> HardwareProfile:
     """Measure this CPU: float32 matmul FLOP/s and memcpy bandwidth (~`seconds`, cached).
@@ -143,7 +179,7 @@ def probe_cpu(seconds: float = 1.0) -> HardwareProfile:
         memory_capacity=int(capacity), interconnect_bandwidth=bandwidth, host_bandwidth=bandwidth,
         dtype="float32", device="cpu", linear_efficiency=1.0, attention_efficiency=1.0,
         memory_efficiency=1.0, kv_efficiency=1.0, interconnect_efficiency=1.0, step_overhead=0.0,
-        seq_overhead=0.0, prefill_overhead=0.0, allreduce_latency=0.0,
+        seq_overhead=0.0, prefill_overhead=0.0, allreduce_latency=0.0, **UNFITTED_SHAPE_TERMS,
     )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from schedlab.model import ModelSpec
+from schedlab.shapes import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,7 +159,8 @@ def attention_contract(cls: type[AttentionBackend], options: dict[str, Any] | No
     is not available on the CPU."""
     import torch
 
-    from schedlab.attention import AttentionMetadata, KVCacheSpec
+    from schedlab.attention import AttentionMetadata
+    from schedlab.shapes import KVCacheSpec
 
     cls.check_available(torch.device("cpu"))
     torch.manual_seed(0)

@@ -1,33 +1,35 @@
-"""A model-free executor that checks what a real KV cache would hold.
+"""The model-free executor: one fake model for the framework's tests and benchmarks.
 
-Every slot of the fake cache records which (token, position) was written there, so a plan
+Every slot of its fake cache records which (token, position) was written there, so a plan
 that attends over a wrong, stale or shared-and-overwritten block is caught; sampled tokens are
 a deterministic function of the whole sequence, so preemption (recompute or swap) must not
-change any request's output (`reference_output`).
+change any request's output (`reference_output`). A subclass may turn the cache checks off
+(`check_kv`), keep every plan (`keep_plans`), or sample by another rule (`sample`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from schedlab.attention import KVCacheSpec
 from schedlab.clock import VirtualClock
 from schedlab.config import EngineConfig
 from schedlab.executor import Executor, ExecutorOutput
-from schedlab.model import ModelSpec
-from schedlab.plan import SchedulerOutput
+from schedlab.plan import ScheduledRequest, SchedulerOutput
 from schedlab.request import Request
+from schedlab.shapes import KVCacheSpec, ModelSpec
 
 if TYPE_CHECKING:
     from schedlab.kv_manager import KVCacheManager
 
+#: tokens the fake model samples (`next_token`); the spec's vocabulary is larger, so random
+#: prompts of other tests (drawn from `SPEC.vocab_size`) rarely repeat
 VOCAB = 50
 EOS = 0
 
 SPEC = ModelSpec(
     architecture="CheckingForCausalLM", num_layers=2, hidden_size=64, num_heads=4,
-    num_kv_heads=2, head_dim=16, intermediate_size=128, vocab_size=VOCAB,
+    num_kv_heads=2, head_dim=16, intermediate_size=128, vocab_size=1000,
     max_position_embeddings=4096, eos_token_ids=(EOS,),
 )
 
@@ -61,10 +63,20 @@ class CheckingExecutor(Executor):
 
     Call `bind(engine.kv)` after building the engine to also check that no step writes into a
     block shared with another request or held by the prefix cache.
+
+    Class attributes a subclass may set: `spec` (the fake model's shape), `check_kv` (False:
+    no fake cache, for tests of the framework alone and micro-benchmarks), `keep_plans`
+    (every plan kept in `plans`).
     """
 
+    spec: ClassVar[ModelSpec] = SPEC
+    check_kv: ClassVar[bool] = True
+    keep_plans: ClassVar[bool] = False
+
     def __init__(self, config: EngineConfig) -> None:
-        self.model_spec = SPEC
+        self.model_spec = self.spec
+        self.dtype = "float32"
+        self.plans: list[SchedulerOutput] = []
         self.clock = VirtualClock()
         self.kv: KVCacheManager | None = None
         self.block_size = config.block_size
@@ -76,17 +88,31 @@ class CheckingExecutor(Executor):
         self.kv = kv
 
     def kv_cache_spec(self, block_size: int) -> KVCacheSpec:
-        import torch
-
         s = self.model_spec
-        return KVCacheSpec(s.num_layers, s.num_kv_heads, s.head_dim, torch.float32, block_size)
+        return KVCacheSpec(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype, block_size)
 
     def initialize_cache(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks
 
+    def sample(self, s: ScheduledRequest) -> int:
+        """The token sampled after a request's scheduled tokens (the fake model)."""
+        return next_token(s.request.token_slice(0, s.start + s.num_new_tokens))
+
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
-        bs, kv = self.block_size, self.kv
         self.num_steps += 1
+        if self.keep_plans:
+            self.plans.append(plan)
+        if self.check_kv:
+            self._check(plan)
+        sampled = [self.sample(s) if s.samples else None for s in plan.scheduled]
+        clock = self.clock
+        assert isinstance(clock, VirtualClock), "a model-free executor runs on a VirtualClock"
+        clock.advance(1e-3)
+        return ExecutorOutput(sampled, 1e-3)
+
+    def _check(self, plan: SchedulerOutput) -> None:
+        """Write the plan's tokens into the fake cache and check what each request reads."""
+        bs, kv = self.block_size, self.kv
         # reads before writes, as the torch executor does
         out_data = [list(self.device[d]) for d, _ in plan.swap_out]
         in_data = [self.host.pop(h) for h, _ in plan.swap_in]
@@ -106,7 +132,6 @@ class CheckingExecutor(Executor):
                     raise KVContractError(f"request {rid!r} writes position {p} into block {b}, "
                                           "which the prefix cache holds")
                 self.device[b][p % bs] = (t, p)
-        sampled: list[int | None] = []
         for s in plan.scheduled:
             end = s.start + s.num_new_tokens
             want = s.request.token_slice(0, end)
@@ -117,8 +142,3 @@ class CheckingExecutor(Executor):
                         f"request {s.request.request_id!r} attends over {got} at position {p} "
                         f"(block {s.block_ids[p // bs]}), expected {(want[p], p)}: its KV was "
                         "lost, overwritten or never computed")
-            sampled.append(next_token(want) if s.samples else None)
-        clock = self.clock
-        assert isinstance(clock, VirtualClock), "a model-free executor runs on a VirtualClock"
-        clock.advance(1e-3)
-        return ExecutorOutput(sampled, 1e-3)

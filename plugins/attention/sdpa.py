@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from schedlab.attention import AttentionBackend, AttentionMetadata, padded_decode_groups
+from schedlab.attention import AttentionBackend, AttentionMetadata
+from schedlab.shapes import padded_decode_groups
 
 #: padding a group of decodes attended in one SDPA call may add, as a fraction of the K/V it
 #: really reads (see `padded_decode_groups`); measured on the CPU in experiments/PERF_NOTES.md

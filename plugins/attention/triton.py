@@ -6,7 +6,8 @@ import os
 
 import torch
 
-from schedlab.attention import AttentionBackend, AttentionMetadata, KVCacheSpec
+from schedlab.attention import AttentionBackend, AttentionMetadata
+from schedlab.shapes import KVCacheSpec
 
 ENABLE_HINT = "set TRITON_INTERPRET=1 before starting, or run on a CUDA device"
 

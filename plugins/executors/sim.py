@@ -1,17 +1,17 @@
-"""The simulated executor: the plan's cost predicted by a roofline model, on a virtual clock."""
+"""The simulated executor: the plan's cost predicted by the operator-level cost model, on a
+virtual clock."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from schedlab.attention import KVCacheSpec
 from schedlab.clock import VirtualClock
 from schedlab.config import ConfigError, EngineConfig
 from schedlab.executor import Executor, ExecutorOutput
-from schedlab.model import resolve_dtype
 from schedlab.plan import SchedulerOutput
 from schedlab.request import Request
-from schedlab.sim.costmodel import CostModel, StepShape, decode_pad_waste
+from schedlab.shapes import KVCacheSpec, dtype_bytes
+from schedlab.sim.costmodel import CostModel, StepShape
 from schedlab.sim.hardware import HardwareProfile, resolve_hardware, with_overrides
 from schedlab.sim.model_presets import ModelPreset, resolve_model
 from schedlab.tokenizer import has_tokenizer, tiny_tokenizer_dir, visible_token_ids
@@ -50,17 +50,23 @@ class SimExecutor(Executor):
         try:
             self.preset: ModelPreset = resolve_model(config.model)
             self.hardware = with_overrides(resolve_hardware(hardware), overrides)
-            self.dtype = resolve_dtype(dtype or self.hardware.dtype)
-            elem = self.dtype.itemsize
-            self.cost_model = CostModel(self.preset.spec, self.hardware, elem, tp)
+            self.dtype = dtype or self.hardware.dtype
+            self.dtype_bytes = dtype_bytes(self.dtype)
+            self.cost_model = CostModel(self.preset.spec, self.hardware, self.dtype_bytes, tp)
         except (ValueError, FileNotFoundError) as e:
             raise ConfigError(f"executor=sim: {e}") from None
         self.model_spec = self.preset.spec
-        #: decode padding charged by a profile measured on a padded backend: as much as the
-        #: configured attention backend declares (`AttentionBackend.decode_pad_waste`)
-        self.pad_waste = (decode_pad_waste(config.attention, config.attention_options)
-                          if self.hardware.padded_decode_attention else None)
+        #: decode padding charged by a profile measured on a padded backend: the profile's
+        #: `decode_pad_waste`, or the attention options' when they set one
+        self.pad_waste = self.hardware.decode_pad_waste
+        if self.pad_waste is not None and "decode_pad_waste" in config.attention_options:
+            self.pad_waste = float(config.attention_options["decode_pad_waste"])
         self.tp = tp
+        #: decode-only steps of at most this many sequences replay a CUDA graph (GPU profiles,
+        #: unless `enforce_eager`), as the torch executor captures them
+        self.graph_max_seqs = 0
+        if self.hardware.device == "cuda" and not config.enforce_eager:
+            self.graph_max_seqs = max(config.cuda_graph_sizes or [config.max_num_seqs])
         self.clock = VirtualClock()
         self.block_size = config.block_size
         eos = set(self.model_spec.eos_token_ids)
@@ -96,7 +102,7 @@ class SimExecutor(Executor):
     def weight_bytes(self) -> int:
         """Bytes of weights on each device (linear layers split by TP, embeddings replicated)."""
         s, cm = self.model_spec, self.cost_model
-        emb = s.vocab_size * s.hidden_size * self.dtype.itemsize
+        emb = s.vocab_size * s.hidden_size * self.dtype_bytes
         return int(cm.weight_bytes + cm.lm_head_bytes + (0 if s.tie_word_embeddings else emb))
 
     def available_kv_memory(self) -> int | None:
@@ -122,7 +128,8 @@ class SimExecutor(Executor):
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
         samples: list[bool] = []
         shape = StepShape.from_plan(plan, samples, self.pad_waste)
-        dt = self.cost_model.step_time(shape, self.block_size)
+        graphs = shape.num_prefills == 0 and shape.num_seqs <= self.graph_max_seqs
+        dt = self.cost_model.step_time(shape, self.block_size, graphs)
         clock = self.clock
         assert isinstance(clock, VirtualClock), "the simulator's clock must be a VirtualClock"
         clock.advance(dt)

@@ -10,20 +10,15 @@ import numpy as np
 import torch
 
 from schedlab import registry
-from schedlab.attention import AttentionBackend, AttentionMetadata, KVCacheSpec
+from schedlab.attention import AttentionBackend, AttentionMetadata
 from schedlab.clock import WallClock
 from schedlab.config import EngineConfig
 from schedlab.executor import Executor, ExecutorOutput, ExecutorTimings
-from schedlab.model import (
-    ATTN_IMPLEMENTATION,
-    ForwardContext,
-    ModelSpec,
-    register_attention,
-    resolve_dtype,
-)
+from schedlab.model import ATTN_IMPLEMENTATION, ForwardContext, register_attention, resolve_dtype
 from schedlab.plan import SchedulerOutput
 from schedlab.plugins.executors.cuda_graphs import DecodeGraphRunner, graph_batch_sizes
 from schedlab.sampler import sample
+from schedlab.shapes import KVCacheSpec, ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from fakes import FakeExecutor
 from schedlab import registry
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
-from schedlab.model import ModelSpec
 from schedlab.request import SamplingParams
+from schedlab.shapes import ModelSpec
 
 #: a Llama-150M-shaped spec: sizes the KV pool realistically, never runs
 BENCH_SPEC = ModelSpec(

@@ -17,18 +17,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from schedlab.calibration.costfit import PARAMS, FitResult, fit_profile
+from schedlab.calibration.measure import (
+    TIMERS,
+    Shape,
+    backend_pad_waste,
+    default_grid,
+    measure_host_overhead,
+    measure_torch,
+    shape_of,
+)
+from schedlab.calibration.profile_csv import GROUPS, OperatorFit
 from schedlab.config import DEFAULT_BLOCK_SIZE
-from schedlab.sim.costfit import PARAMS, FitResult, fit_profile
-from schedlab.sim.costmodel import decode_pad_waste
 from schedlab.sim.hardware import PRESETS, HardwareProfile, probe_cpu
-from schedlab.sim.measure import TIMERS as TIMERS
-from schedlab.sim.measure import CPUTimeClock as CPUTimeClock
-from schedlab.sim.measure import Shape as Shape
-from schedlab.sim.measure import default_grid as default_grid
-from schedlab.sim.measure import make_clock as make_clock
-from schedlab.sim.measure import measure_host_overhead as measure_host_overhead
-from schedlab.sim.measure import measure_torch as measure_torch
-from schedlab.sim.measure import shape_of as shape_of
 
 #: the devices a profile can describe (`HardwareProfile.device`)
 DEVICES = ("cpu", "cuda")
@@ -101,9 +102,8 @@ def base_profile(device: str = "cpu", hardware: str | None = None, dtype: str = 
     On the CPU the peaks are measured (`probe_cpu()`); on a GPU they are the datasheet figures
     of the preset `hardware` (`a100`, `h100`, `h200`; dense bf16 FLOP/s, so at float32 the
     fitted efficiencies come out far below 1). `dtype` becomes the profile's dtype (the
-    simulator's default element size), and `padded_decode_attention` follows what the backend
-    `attention` declares (`decode_pad_waste`; None, as triton: each decode reads its own
-    context).
+    simulator's default element size), and `decode_pad_waste` is what the backend `attention`
+    declares (None, as triton: each decode reads its own context).
     """
     import torch
 
@@ -117,10 +117,11 @@ def base_profile(device: str = "cpu", hardware: str | None = None, dtype: str = 
         base = replace(preset, name=f"{preset.name}-calibrated-{label}", device="cuda",
                        linear_efficiency=1.0, attention_efficiency=1.0,
                        memory_efficiency=1.0, kv_efficiency=1.0, interconnect_efficiency=1.0,
+                       kv_write_efficiency=1.0, elementwise_efficiency=1.0,
                        step_overhead=0.0, seq_overhead=0.0, prefill_overhead=0.0)
     name = str(resolve_dtype(dtype)).removeprefix("torch.")
     return replace(base, dtype=name,
-                   padded_decode_attention=decode_pad_waste(attention) is not None)
+                   decode_pad_waste=backend_pad_waste(attention))
 
 
 def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
@@ -128,7 +129,8 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
               host_overhead: bool = True, clock: str = "wall",
               block_size: int = DEFAULT_BLOCK_SIZE, device: str = "cpu",
               dtype: str = "float32", attention: str = "sdpa", hardware: str | None = None,
-              enforce_eager: bool = False, max_model_len: int | None = None) -> FitResult:
+              enforce_eager: bool = False, max_model_len: int | None = None,
+              hold_out: int = 0) -> FitResult:
     """Measure, fit and (if `out`) save a profile of `model_dir` served on `device`.
 
     The defaults calibrate this CPU: float32, the sdpa backend, peaks from `probe_cpu()`.
@@ -158,6 +160,8 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
         enforce_eager: no CUDA graphs on a GPU.
         max_model_len: the engine's `max_model_len` (sizes the graphs' context buckets and
             the default grid).
+        hold_out: leave every `hold_out`-th grid shape out of the fit and report its error
+            (0: fit them all).
 
     Raises:
         ValueError: settings that cannot be calibrated here (`check_setup`).
@@ -177,12 +181,14 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
     times = measure_torch(model_dir, grid, repeats, block_size=block_size, clock=clock, **opts)
     gc.collect()  # the measured executor's model and cache go before the engine's come
     fit = fit_profile(spec, base, [shape_of(e, attention) for e in grid], times,
-                      block_size=block_size, dtype_bytes=resolve_dtype(dtype).itemsize)
+                      block_size=block_size, dtype_bytes=resolve_dtype(dtype).itemsize,
+                      hold_out=hold_out)
     host = (measure_host_overhead(model_dir, clock=clock, **opts) if host_overhead
             else (0.0, 0.0))
     prof = fit.profile
     fit = FitResult(replace(prof, step_overhead=prof.step_overhead + host[0],
-                            seq_overhead=prof.seq_overhead + host[1]), fit.rel_errors)
+                            seq_overhead=prof.seq_overhead + host[1]), fit.rel_errors,
+                    fit.held_out)
     if verbose:
         print(f"measured {len(grid)} step shapes on {device} ({dtype}, attention={attention}, "
               f"{clock} time) in {time.perf_counter() - t0:.1f} s")
@@ -194,8 +200,46 @@ def calibrate(model_dir: str, out: str | Path | None = None, repeats: int = 5,
         p = fit.profile
         print(f"fit: mean |error| {fit.mean_abs_error * 100:.1f}%  " + "  ".join(
             f"{k}={getattr(p, k):.4g}" for k in PARAMS))
+        if fit.held_out_error is not None:
+            print(f"held-out shapes ({len(fit.held_out)}): mean |error| "
+                  f"{fit.held_out_error * 100:.1f}%")
         print(f"host overhead between steps (engine + driver): {host[0] * 1e3:.3f} ms/step + "
               f"{host[1] * 1e6:.1f} us/seq (included in step_overhead / seq_overhead)")
+    if out is not None:
+        path = fit.profile.save(out)
+        if verbose:
+            print(f"wrote {path}  (use: executor=sim hardware={path})")
+    return fit
+
+
+def calibrate_operators(model_dir: str, csv_path: str | Path, out: str | Path | None = None,
+                        measure: bool = False, device: str = "cpu", dtype: str = "float32",
+                        attention: str = "sdpa", hardware: str | None = None, repeats: int = 5,
+                        hold_out: int = 4, verbose: bool = True) -> OperatorFit:
+    """Fit the operator terms of the base profile (`base_profile`) to an operator-profile
+    CSV, after timing the model's operators here into it when `measure`; print each
+    operator's error on fitted and held-out shapes; save the profile to `out` if given.
+
+    The fixed per-step overheads stay at the base's: operator times do not contain them
+    (a step-level `calibrate` fits those).
+    """
+    from schedlab.calibration.measure_ops import measure_operators
+    from schedlab.calibration.profile_csv import fit_operators, read_profile, write_profile
+    from schedlab.model import resolve_dtype
+    from schedlab.sim.model_presets import load_config_dir
+
+    spec = load_config_dir(model_dir).spec
+    if measure:
+        write_profile(csv_path, measure_operators(spec, device, dtype, repeats))
+        if verbose:
+            print(f"wrote the operator times to {csv_path}")
+    base = base_profile(device, hardware, dtype, attention, Path(model_dir).name)
+    fit = fit_operators(spec, base, read_profile(csv_path), resolve_dtype(dtype).itemsize,
+                        hold_out)
+    if verbose:
+        print("\n".join(fit.summary()))
+        p = fit.profile
+        print("fit: " + "  ".join(f"{k}={getattr(p, k):.4g}" for _, ks in GROUPS for k in ks))
     if out is not None:
         path = fit.profile.save(out)
         if verbose:
@@ -226,6 +270,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(default: the model's)")
     ap.add_argument("--enforce-eager", action="store_true",
                     help="on a GPU, run decode steps eagerly instead of from CUDA graphs")
+    ap.add_argument("--hold-out", type=int, default=None, metavar="K",
+                    help="leave every K-th shape out of the fit and report its error "
+                         "(default: none for steps, 4 for --operators)")
+    ap.add_argument("--operators", default=None, metavar="CSV",
+                    help="fit each operator's terms to an operator profile CSV (format: "
+                         "schedlab.calibration.profile_csv) instead of timing whole steps")
+    ap.add_argument("--measure-operators", action="store_true",
+                    help="with --operators: time the model's operators here first and write "
+                         "them to that CSV")
     ap.add_argument("--no-host-overhead", action="store_true",
                     help="fit the forward pass only, not the engine's time between steps")
     ap.add_argument("--clock", choices=sorted(TIMERS), default="wall",
@@ -249,10 +302,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = str(build_tiny_model(size=args.size))
     out = args.out or ("outputs/hardware/cpu-calibrated.json" if kind == "cpu" else
                        f"outputs/hardware/{args.hardware.lower()}-calibrated.json")
+    if args.measure_operators and not args.operators:
+        ap.error("--measure-operators needs --operators CSV (where to write the times)")
+    if args.operators:
+        try:
+            calibrate_operators(model, args.operators, out, measure=args.measure_operators,
+                                device=args.device, dtype=args.dtype, attention=args.attention,
+                                hardware=args.hardware, repeats=args.repeats,
+                                hold_out=4 if args.hold_out is None else args.hold_out)
+        except (ValueError, FileNotFoundError) as e:
+            ap.error(str(e))
+        return 0
     calibrate(model, out, args.repeats, host_overhead=not args.no_host_overhead,
               clock=args.clock, device=args.device, dtype=args.dtype, attention=args.attention,
               hardware=args.hardware, enforce_eager=args.enforce_eager,
-              max_model_len=args.max_model_len)
+              max_model_len=args.max_model_len, hold_out=args.hold_out or 0)
     return 0
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from schedlab.clock import TIMERS as TIMERS
-from schedlab.clock import Clock
+from schedlab.clock import TIMERS, Clock
 from schedlab.config import DEFAULT_BLOCK_SIZE
-from schedlab.sim.costmodel import StepShape, decode_pad_waste
+from schedlab.sim.costmodel import StepShape
 
 #: (query lengths, cached tokens before them), one entry per sequence
 Shape = tuple[tuple[int, ...], tuple[int, ...]]
@@ -78,9 +78,22 @@ def default_grid(max_len: int = 1024) -> list[Shape]:
     return [(q, s) for q, s in grid if max(a + b for a, b in zip(q, s, strict=True)) <= max_len]
 
 
+def backend_pad_waste(attention: str = "sdpa",
+                      options: dict[str, Any] | None = None) -> float | None:
+    """The decode padding the attention backend `attention` declares (its class attribute
+    `decode_pad_waste`, or the `decode_pad_waste` of its options): None for a backend that
+    reads each decode's own context only. Loads the backend (and so torch)."""
+    from schedlab import registry
+
+    waste = getattr(registry.load("attention", attention), "decode_pad_waste", None)
+    if waste is not None and options and "decode_pad_waste" in options:
+        waste = float(options["decode_pad_waste"])
+    return waste
+
+
 def shape_of(entry: Shape, attention: str = "sdpa") -> StepShape:
     """A grid entry's shape, its decodes padded as the backend `attention` declares."""
-    return StepShape.from_lens(entry[0], entry[1], pad_waste=decode_pad_waste(attention))
+    return StepShape.from_lens(entry[0], entry[1], pad_waste=backend_pad_waste(attention))
 
 
 def _engine_config(model_dir: str, device: str, dtype: str, attention: str,

@@ -66,12 +66,12 @@ def run_both(model_dir: str, profile: HardwareProfile, workload: dict[str, Any],
 
     `clock="cpu"` runs the real engine on a `CPUTimeClock` (this thread's CPU time).
     """
+    from schedlab.calibration.measure import make_clock
     from schedlab.config import EngineConfig
     from schedlab.engine import Engine
     from schedlab.runs.driver import run_workload
     from schedlab.runs.metrics import compute_metrics
     from schedlab.runs.workload import build_workload
-    from schedlab.sim.calibrate import make_clock
 
     base = EngineConfig(model=str(model_dir), dtype="float32", device="cpu", seed=seed,
                         **engine_kw)
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile:
         profile = HardwareProfile.load(args.profile)
     else:
-        from schedlab.sim.calibrate import calibrate
+        from schedlab.calibration.calibrate import calibrate
 
         print("no --profile: calibrating first")
         profile = calibrate(model, verbose=True, clock=args.clock).profile
