@@ -12,7 +12,8 @@ from schedlab.request import Request
 
 def is_token_id(t: object) -> bool:
     """Whether `t` is an integer (numpy and torch integers too), and not a bool."""
-    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
+    # NOTE: a plain int first: the ABC check costs ~10x more and runs once per prompt token
+    return type(t) is int or (isinstance(t, numbers.Integral) and not isinstance(t, bool))
 
 
 def prompt_ids(prompt_token_ids: Iterable[object]) -> list:
