@@ -5,9 +5,9 @@
 - `InstanceClock`: time that runs only while its instance steps, so N real instances stepped
   one after another in one process behave as N in parallel (a cluster of real executors);
 - `PacedClock`: a virtual clock held to the wall clock, so a simulated engine can serve live
-  clients (`schedlab serve executor=sim`).
-
-`schedlab.calibration.measure.CPUTimeClock` (this thread's CPU time) is the calibration's own.
+  clients (`schedlab serve executor=sim`);
+- `CPUTimeClock`: this thread's CPU time, so calibration measures a real executor without the
+  time other processes take from a shared machine.
 """
 
 from __future__ import annotations
@@ -132,3 +132,23 @@ class PacedClock(VirtualClock):
         ahead = self.now() - self.wall()
         if ahead > 0:
             time.sleep(ahead)
+
+
+class CPUTimeClock(Clock):
+    """Engine time that runs only while this thread computes; waits for arrivals jump.
+
+    With torch on one thread every forward runs on the calling thread, so this clock measures
+    the real executor without the time other processes take from a shared machine.
+    """
+
+    def __init__(self) -> None:
+        self._t0 = time.thread_time()
+        self._skipped = 0.0
+
+    def now(self) -> float:
+        return time.thread_time() - self._t0 + self._skipped
+
+    def sleep_until(self, t: float) -> None:
+        dt = t - self.now()
+        if dt > 0:
+            self._skipped += dt

@@ -4,40 +4,17 @@ median time of each shape, and the host time between steps of a real engine run.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from schedlab.clock import TIMERS, Clock
+from schedlab.clock import TIMERS, Clock, CPUTimeClock
 from schedlab.config import DEFAULT_BLOCK_SIZE
 from schedlab.sim.costmodel import StepShape
 
 #: (query lengths, cached tokens before them), one entry per sequence
 Shape = tuple[tuple[int, ...], tuple[int, ...]]
-
-
-class CPUTimeClock(Clock):
-    """Engine time that runs only while this thread computes; waits for arrivals jump.
-
-    With torch on one thread every forward runs on the calling thread, so this clock measures
-    the real executor without the time other processes take from a shared machine.
-    """
-
-    def __init__(self) -> None:
-        self._t0 = time.thread_time()
-        self._skipped = 0.0
-
-    def now(self) -> float:
-        return time.thread_time() - self._t0 + self._skipped
-
-    def sleep_until(self, t: float) -> None:
-        dt = t - self.now()
-        if dt > 0:
-            self._skipped += dt
-
-
 
 
 def make_clock(clock: str) -> Clock | None:
