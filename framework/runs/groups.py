@@ -15,8 +15,10 @@ requests is in the system (the union of its requests' [arrival, end] intervals).
   apart once every request completes: it equals the demand.)
 - `max_service_difference`: the largest |W_f(t1, t2) - W_g(t1, t2)| over every pair of clients
   f, g and every interval [t1, t2] in which both were backlogged the whole time, W being the
-  weighted tokens served in the interval (VTC, Sheng et al. OSDI '24, bounds it by about twice
-  the largest request's cost).
+  weighted tokens served in the interval. NOTE: backlogged here means a request in the
+  system (queued or running), wider than VTC's (Sheng et al. OSDI '24) "requests waiting in
+  the queue", so this is an envelope of the quantity VTC bounds, not the bounded quantity: it
+  moves with the policy, but is not expected to stay under VTC's bound.
 """
 
 from __future__ import annotations
