@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakes import FakeExecutor
+from fakes import fake_engine
 
 from schedlab import registry
 from schedlab.config import ConfigError, EngineConfig
@@ -32,11 +32,6 @@ def examples(monkeypatch):
     registry.load.cache_clear()
 
 
-def _engine(**kw) -> Engine:
-    kw.setdefault("max_model_len", 64)
-    kw.setdefault("num_kv_blocks", 64)
-    kw.setdefault("block_size", 4)
-    return Engine(EngineConfig(model="fake", **kw), executor_cls=FakeExecutor)
 
 
 def _submit(eng: Engine, n: int = 6, prompt_len: int = 20, max_tokens: int = 4) -> list[Request]:
@@ -57,7 +52,7 @@ class GreedyScheduler(Scheduler):
 
 
 def test_a_plan_over_the_token_budget_fails_naming_plugin_and_limit():
-    eng = _engine(scheduler=GreedyScheduler, max_num_batched_tokens=64)
+    eng = fake_engine(scheduler=GreedyScheduler, max_num_batched_tokens=64)
     _submit(eng, n=6, prompt_len=20)  # 120 prompt tokens at once
     with pytest.raises(PluginContractError) as e:
         eng.step()
@@ -79,7 +74,7 @@ class SeatHog(Scheduler):
 
 
 def test_a_plan_over_max_num_seqs_fails():
-    eng = _engine(scheduler=SeatHog, max_num_seqs=2)
+    eng = fake_engine(scheduler=SeatHog, max_num_seqs=2)
     _submit(eng, n=3, prompt_len=4)
     with pytest.raises(PluginContractError, match="3 requests, more than max_num_seqs=2"):
         eng.step()
@@ -122,7 +117,7 @@ class PastTheEnd(Scheduler):
     (PastTheEnd, "which has only 20 tokens"),
 ])
 def test_plans_breaking_request_rules_fail_clearly(cls, words):
-    eng = _engine(scheduler=cls)
+    eng = fake_engine(scheduler=cls)
     _submit(eng, n=2)
     with pytest.raises(PluginContractError, match=words):
         eng.step()
@@ -139,7 +134,7 @@ class Forgetful(Scheduler):
 
 
 def test_tokens_per_step_are_derived_from_the_plan():
-    eng = _engine(scheduler=Forgetful)
+    eng = fake_engine(scheduler=Forgetful)
     _submit(eng, n=3, prompt_len=10, max_tokens=3)
     eng.run_until_done(check=True)
     tokens = [s.num_scheduled_tokens for s in eng.step_stats]
@@ -172,7 +167,8 @@ class Sharer(Forgetful):
     (Sharer, "is held by requests 'r0' and 'r1' but is not a prefix-cache block"),
 ])
 def test_kv_ownership_is_checked_under_check_integrity(cls, words):
-    eng = _engine(scheduler=cls, max_model_len=32, max_num_batched_tokens=32)  # one prefill a step
+    # one prefill a step
+    eng = fake_engine(scheduler=cls, max_model_len=32, max_num_batched_tokens=32)
     for i in range(2):
         eng.add_request(list(range(2 + i, 22 + i)), SamplingParams(max_tokens=4, ignore_eos=True),
                         request_id=f"r{i}")
@@ -217,7 +213,7 @@ class NoneScheduler(Scheduler):
 
 def test_a_missing_abstract_method_is_named():
     with pytest.raises(registry.PluginError) as e:
-        _engine(queue=MissingPeek)
+        fake_engine(queue=MissingPeek)
     assert str(e.value) == ("queue class test_plugin_api:MissingPeek does not implement the "
                             "abstract method peek of RequestQueue")
 
@@ -225,11 +221,11 @@ def test_a_missing_abstract_method_is_named():
 def test_a_class_outside_the_interface_is_refused_in_one_sentence():
     with pytest.raises(registry.PluginError, match="is not a subclass of schedlab.queue."
                        "RequestQueue; a queue plugin must subclass it"):
-        _engine(queue=NotAQueue)
+        fake_engine(queue=NotAQueue)
 
 
 def test_schedule_returning_none_is_a_clear_error():
-    eng = _engine(scheduler=NoneScheduler)
+    eng = fake_engine(scheduler=NoneScheduler)
     _submit(eng, n=1)
     with pytest.raises(PluginContractError, match="schedule\\(\\) returned NoneType, not a "
                        "SchedulerOutput"):
@@ -252,15 +248,15 @@ class AgingQueue(RequestQueue):
 
 
 def test_option_errors_name_the_option_and_the_accepted_ones():
-    eng = _engine(queue=AgingQueue, queue_options={"aging": 2.0})  # a valid option is accepted
+    eng = fake_engine(queue=AgingQueue, queue_options={"aging": 2.0})  # a valid option is accepted
     assert eng.scheduler.waiting.aging == 2.0
     with pytest.raises(ConfigError) as e:
-        _engine(queue=AgingQueue, queue_options={"agin": 2.0})
+        fake_engine(queue=AgingQueue, queue_options={"agin": 2.0})
     assert "has no option 'agin'" in str(e.value) and "accepted options: aging" in str(e.value)
     with pytest.raises(ConfigError, match="has no option 'aging'.*FCFSQueue takes no options"):
-        _engine(queue="fcfs", queue_options={"aging": 2.0})
+        fake_engine(queue="fcfs", queue_options={"aging": 2.0})
     with pytest.raises(ConfigError, match="accepted options: reserve"):
-        _engine(kv_allocator="contiguous", kv_allocator_options={"reserv": "request"})
+        fake_engine(kv_allocator="contiguous", kv_allocator_options={"reserv": "request"})
 
 
 class KwargsScheduler(Forgetful):
@@ -272,7 +268,7 @@ class KwargsScheduler(Forgetful):
 
 
 def test_a_constructor_reading_its_own_kwargs_takes_any_option():
-    eng = _engine(scheduler=KwargsScheduler, scheduler_options={"anything": 1})
+    eng = fake_engine(scheduler=KwargsScheduler, scheduler_options={"anything": 1})
     assert eng.scheduler.options == {"anything": 1}
 
 
@@ -330,7 +326,7 @@ def test_load_checks_name_distribution_and_entry_point(fake_dists, capsys):
 
 # ---- 4. hooks ---------------------------------------------------------------------------------
 def test_admission_caps_new_requests_per_step(examples):
-    eng = _engine(scheduler=DECODE_FIRST, scheduler_options={"max_new_prefills": 2})
+    eng = fake_engine(scheduler=DECODE_FIRST, scheduler_options={"max_new_prefills": 2})
     _submit(eng, n=7, prompt_len=6, max_tokens=5)
     eng.run_until_done(check=True)
     new_per_step = [sum(s.start == 0 for s in p.scheduled) for p in eng.executor.plans]
@@ -351,7 +347,7 @@ class CountingCache(registry.load("prefix_cache", "hash_block")):
 
 
 def test_prefix_reuse_is_counted_once_per_admission_not_per_lookup():
-    eng = _engine(queue="lpm", prefix_cache=CountingCache, max_num_seqs=2)
+    eng = fake_engine(queue="lpm", prefix_cache=CountingCache, max_num_seqs=2)
     shared = list(range(100, 132))
     reqs = [eng.add_request(shared + [i + 2], SamplingParams(max_tokens=3, ignore_eos=True))
             for i in range(8)]
@@ -366,14 +362,14 @@ def test_prefix_reuse_is_counted_once_per_admission_not_per_lookup():
 def test_every_plugin_field_takes_a_dotted_path_or_a_class(examples):
     from lfu_cache import LFUPrefixCache
 
-    eng = _engine(scheduler=DECODE_FIRST, queue=LPF, prefix_cache=LFUPrefixCache)
+    eng = fake_engine(scheduler=DECODE_FIRST, queue=LPF, prefix_cache=LFUPrefixCache)
     _submit(eng, n=5)
     eng.run_until_done(check=True)
     assert type(eng.kv.prefix_cache) is LFUPrefixCache
     with pytest.raises(registry.PluginError, match="module 'no_such_module' failed to import"):
-        _engine(queue="no_such_module:Q")
+        fake_engine(queue="no_such_module:Q")
     with pytest.raises(registry.PluginError, match="has no attribute 'Nope'"):
-        _engine(queue="lpf_queue:Nope")
+        fake_engine(queue="lpf_queue:Nope")
     with pytest.raises(ConfigError, match="a 'module:Class' path or a class"):
         EngineConfig(model="fake", queue=3)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from fakes import FakeExecutor
+from fakes import FakeExecutor, fake_engine
 
 from schedlab import registry
 from schedlab.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, ConfigError, EngineConfig
@@ -26,16 +26,11 @@ def examples(monkeypatch):
     registry.load.cache_clear()
 
 
-def _engine(**kw) -> Engine:
-    kw.setdefault("max_model_len", 64)
-    kw.setdefault("num_kv_blocks", 64)
-    kw.setdefault("block_size", 4)
-    return Engine(EngineConfig(model="fake", **kw), executor_cls=FakeExecutor)
 
 
 # ---- typed options ------------------------------------------------------------------------
 def test_typed_options_reach_the_plugin_and_it_runs(examples):
-    eng = _engine(queue=SPF, queue_options={"max_skips": 2}, max_num_seqs=1)
+    eng = fake_engine(queue=SPF, queue_options={"max_skips": 2}, max_num_seqs=1)
     assert eng.scheduler.waiting.options.max_skips == 2
     lens = [30, 5, 6, 7, 8]
     reqs = [eng.add_request(list(range(2, 2 + n)), SamplingParams(max_tokens=1, ignore_eos=True))
@@ -49,7 +44,7 @@ def test_typed_options_reach_the_plugin_and_it_runs(examples):
 
 
 def test_typed_options_default_when_none_are_given(examples):
-    assert _engine(queue=SPF).scheduler.waiting.options.max_skips == 8
+    assert fake_engine(queue=SPF).scheduler.waiting.options.max_skips == 8
 
 
 @pytest.mark.parametrize(("options", "words"), [
@@ -61,7 +56,7 @@ def test_typed_options_default_when_none_are_given(examples):
 ])
 def test_typed_options_are_refused_in_one_sentence(examples, options, words):
     with pytest.raises(ConfigError) as e:
-        _engine(queue=SPF, queue_options=options)
+        fake_engine(queue=SPF, queue_options=options)
     for w in words:
         assert w in str(e.value), str(e.value)
 
@@ -150,10 +145,10 @@ def test_schedlab_run_checks_plugins_before_building_the_model(monkeypatch, tmp_
 
 # ---- one default for the token budget ---------------------------------------------------------
 def test_the_token_budget_has_one_default_and_is_stored_once():
-    chunked = _engine(scheduler="chunked_prefill", max_model_len=64)
+    chunked = fake_engine(scheduler="chunked_prefill", max_model_len=64)
     assert chunked.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
     assert chunked.scheduler.config is chunked.limits  # one object: engine and scheduler
-    whole = _engine(scheduler="continuous", max_model_len=64)
+    whole = fake_engine(scheduler="continuous", max_model_len=64)
     assert whole.limits.max_num_batched_tokens == max(DEFAULT_MAX_NUM_BATCHED_TOKENS, 64)
-    set_ = _engine(scheduler="continuous", max_model_len=64, max_num_batched_tokens=128)
+    set_ = fake_engine(scheduler="continuous", max_model_len=64, max_num_batched_tokens=128)
     assert (set_.max_num_batched_tokens, set_.max_model_len) == (128, 64)
