@@ -123,6 +123,18 @@ def values(rows: list, key: str) -> list:
     return seen
 
 
+def median_text(xs: Sequence[float], fmt: str, unit: str = "") -> tuple[str, float, float]:
+    """'median [interval]' of `xs` (the interval left out over one value or where it rounds to
+    the median), with the interval's ends (`median_ci`; both the median below two values)."""
+    med = statistics.median(xs)
+    if len(xs) < 2:
+        return f"{med:{fmt}}{unit}", med, med
+    lo, hi = median_ci(xs)
+    if f"{lo:{fmt}}" == f"{hi:{fmt}}":
+        return f"{med:{fmt}}{unit}", lo, hi
+    return f"{med:{fmt}}{unit} [{lo:{fmt}}, {hi:{fmt}}]", lo, hi
+
+
 def paired_ratio(a: Any, b: Any, metric: str, derive: Getter | None = None) -> str:
     """a / b of a metric, paired seed by seed: 'median x [interval]' ('-' if no pair).
 
@@ -139,11 +151,7 @@ def paired_ratio(a: Any, b: Any, metric: str, derive: Getter | None = None) -> s
     ratios = [r for r in ratios if math.isfinite(r)]
     if not ratios:
         return "-"
-    med = statistics.median(ratios)
-    if len(ratios) < 2:
-        return f"{med:.2f}x"
-    lo, hi = median_ci(ratios)
-    text = f"{med:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{med:.2f}x [{lo:.2f}, {hi:.2f}]"
+    text, lo, hi = median_text(ratios, ".2f", "x")
     if len(ratios) >= min_pairs(CONFIDENCE) and lo <= 1.0 <= hi:
         text += " (not significant)"
     return text

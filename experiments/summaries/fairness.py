@@ -20,7 +20,17 @@ from schedlab.runs.groups import jain_index
 from schedlab.runs.metric_diff import diff_metric
 from schedlab.runs.plots import new_figure
 
-from .common import CONFIDENCE, Metric, Spec, find, median_ci, paired_ratio, save, values
+from .common import (
+    CONFIDENCE,
+    Metric,
+    Spec,
+    find,
+    median_ci,
+    median_text,
+    paired_ratio,
+    save,
+    values,
+)
 
 QUEUE = "queue.name"
 HEAVY, MEDIUM = "heavy", "medium"  # the two backlogged clients
@@ -127,16 +137,8 @@ def _groups(rows: list) -> list[str]:
 
 
 def _stat(xs: list[float | None], fmt: str) -> str:
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return "-"
-    med = statistics.median(xs)
-    if len(xs) < 2:
-        return f"{med:{fmt}}"
-    lo, hi = median_ci(xs)
-    if f"{lo:{fmt}}" == f"{hi:{fmt}}":
-        return f"{med:{fmt}}"
-    return f"{med:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+    vals = [x for x in xs if x is not None]
+    return median_text(vals, fmt)[0] if vals else "-"
 
 
 def _vs_fcfs(row, base, get) -> str:
