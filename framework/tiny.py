@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 FAMILIES = ("llama", "qwen2", "mistral")
@@ -125,8 +126,15 @@ def build_tiny_model(
     config = cfg_cls(**common)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    stamp.write_text(json.dumps(recipe))
+    # Built in a private sibling directory and moved in file by file, the stamp last: a process
+    # building the same checkpoint at the same time (parallel test workers) never reads half of
+    # it, and a directory the caller named is written into, never removed.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        Path(tmp, stamp.name).write_text(json.dumps(recipe))
+        out.mkdir(exist_ok=True)
+        for f in sorted(Path(tmp).iterdir(), key=lambda f: f.name == stamp.name):
+            os.replace(f, out / f.name)
     return out

@@ -217,10 +217,10 @@ def test_sim_sweep_end_to_end_is_summarized(tmp_path):
     """A tiny simulated orca sweep: the callback writes the table and figure into the sweep."""
     sweep = tmp_path / "sweep"
     run_experiment("orca_sim", ["workload.num_requests=12", "seed=0,1",
-                                "workload.output_len.sigma=0.001,1.0"], sweep, tmp_path)
-    check_outputs(sweep, "orca", "sim", num_points=4, seeds=2)
+                                "workload.output_len.sigma=1.0"], sweep, tmp_path)
+    check_outputs(sweep, "orca", "sim", num_points=2, seeds=2)
     results = sorted(sweep.glob("*/results.json"))
-    assert len(results) == 8
+    assert len(results) == 4
     cfg = json.loads(results[0].read_text())["config"]
     assert cfg["exp"] == {**cfg["exp"], "name": "orca", "mode": "sim"}
 

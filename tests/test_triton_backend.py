@@ -31,7 +31,9 @@ def _generate(model_dir: str, **kwargs) -> list[list[int]]:
     [
         # two sequences at a time: later prompts prefill in the same step as earlier decodes
         dict(kv_allocator="paged", block_size=4, max_num_seqs=2),
-        dict(kv_allocator="contiguous", block_size=8, max_num_seqs=2),
+        # the interpreter is slow: the contiguous layout runs in the slow suite
+        pytest.param(dict(kv_allocator="contiguous", block_size=8, max_num_seqs=2),
+                     marks=pytest.mark.slow),
     ],
     ids=["paged", "contiguous"],
 )
