@@ -27,11 +27,15 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/schedlab run experiment=quickstart $(ARGS)
 
+# The suite runs a test file per worker process (pytest-xdist), one worker per core up to 4;
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+
 test: $(STAMP)
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -m "not gpu and not benchmark" $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not gpu and not benchmark" $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m pytest -q -m benchmark tests/benchmarks $(ARGS)
