@@ -11,6 +11,8 @@ naming the queue method.
 
 from __future__ import annotations
 
+from itertools import islice
+
 from schedlab.faults import PluginFault
 from schedlab.kv_manager import KVCacheManager
 from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
@@ -19,6 +21,12 @@ from schedlab.queue import RequestQueue
 from schedlab.request import Request, RequestStatus
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+def _overrides(queue: RequestQueue, hook: str) -> bool:
+    """Whether `queue` has its own `hook`, not `RequestQueue`'s default (class or instance)."""
+    return (getattr(type(queue), hook) is not getattr(RequestQueue, hook)
+            or hook in getattr(queue, "__dict__", ()))
 
 
 class AdmissionControl:
@@ -42,6 +50,10 @@ class AdmissionControl:
         #: preemptions that swapped the victim's KV to host memory (the rest recompute)
         self.num_swaps = 0
         queue.bind(kv)
+        # NOTE: a hook the queue leaves as the base's no-op is not called per request (or per
+        # step): looked up once, here, when the queue is bound.
+        self._on_token = queue.on_token if _overrides(queue, "on_token") else None
+        self._expire = queue.expire if _overrides(queue, "expire") else None
 
     def num_tokens_to_run(self, remaining: int, budget: int) -> int:
         """How many of a request's `remaining` tokens fit this step (0: none).
@@ -65,8 +77,34 @@ class AdmissionControl:
         kv, running, plan = self.kv, self.running, self._plan
         to_run = self.num_tokens_to_run
         scheduled = out.scheduled
-        i = 0
-        while i < len(running) and budget > 0:
+        add = scheduled.append
+        alloc = kv.allocator
+        table_of, grow = alloc.block_table, alloc.allocate
+        bs = kv.block_size
+        # NOTE: a running request has host KV to bring back only if some request had at the
+        # start (a victim swapped out in this loop leaves `running`), so one look suffices.
+        quick = not kv.has_swapped()
+        i, num_running = 0, len(running)
+        while i < num_running and budget > 0:
+            if quick:
+                # NOTE: the decode fast path, over the run of requests that decode into a block
+                # they hold: can_allocate() is True by the allocator contract and allocate()
+                # moves no block; it is still called, for the tokens the allocator counts.
+                j = i
+                for req in islice(running, i, min(num_running, i + budget)):
+                    done = req.num_computed_tokens
+                    if len(req.prompt_token_ids) + len(req.output_token_ids) - done != 1:
+                        break
+                    table = table_of(req)
+                    if len(table) * bs <= done:
+                        break
+                    grow(req, done + 1)
+                    add(ScheduledRequest(req, 1, done, table))
+                    j += 1
+                budget -= j - i
+                i = j
+                if i == num_running or budget <= 0:
+                    break
             req = running[i]
             done = req.num_computed_tokens
             remaining = len(req.prompt_token_ids) + len(req.output_token_ids) - done
@@ -83,9 +121,10 @@ class AdmissionControl:
                 kept = self.ensure_kv(req, target, running[i:], out)
                 budget += planned - out.num_batched_tokens  # planned victims give theirs back
                 i = sum(1 for r in running if id(r) in seen)  # victims may have sat before req
+                num_running = len(running)
                 if not kept:
                     continue  # req itself was preempted; running[i] is now the next one
-            scheduled.append(plan(req, n, done))
+            add(plan(req, n, done))
             budget -= n
             i += 1
         return budget
@@ -204,8 +243,11 @@ class AdmissionControl:
     def _plan(self, req: Request, n: int, start: int) -> ScheduledRequest:
         """The request's share of the step. NOTE: every policy plans through here, so a
         swapped-out request's KV is copied back the first time it runs again."""
-        table = self.kv.allocator.block_table(req)
-        return ScheduledRequest(req, n, start, table, self.kv.swap_in(req))
+        kv = self.kv
+        table = kv.allocator.block_table(req)
+        pairs = kv.swap_in(req)
+        return ScheduledRequest(req, n, start, table, pairs) if pairs else (
+            ScheduledRequest(req, n, start, table))
 
     def preempt(self, request: Request, out: SchedulerOutput | None = None) -> None:
         """Take a running request off the device: free its KV and queue it again. Changes state.

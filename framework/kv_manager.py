@@ -187,6 +187,10 @@ class KVCacheManager:
         """Whether the request's KV waits in host slots. No state change."""
         return request.request_id in self._swapped
 
+    def has_swapped(self) -> bool:
+        """Whether any request's KV waits in host slots. No state change."""
+        return bool(self._swapped)
+
     def num_free_host_blocks(self) -> int:
         return len(self._free_host)
 

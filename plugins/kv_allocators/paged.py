@@ -113,7 +113,8 @@ class PagedKVAllocator(KVAllocator):
         return self._is_free[block_id]
 
     def block_table(self, request: Request) -> list[int]:
-        return self._tables.get(request.request_id, [])
+        table = self._tables.get(request.request_id)
+        return [] if table is None else table
 
     def usage(self) -> KVUsage:
         return KVUsage(
