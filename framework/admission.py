@@ -74,60 +74,69 @@ class AdmissionControl:
         their tokens given back to the budget), as vLLM's priority scheduler does. Returns
         the budget left.
         """
-        kv, running, plan = self.kv, self.running, self._plan
-        to_run = self.num_tokens_to_run
-        scheduled = out.scheduled
-        add = scheduled.append
-        alloc = kv.allocator
-        table_of, grow = alloc.block_table, alloc.allocate
-        bs = kv.block_size
+        running = self.running
         # NOTE: a running request has host KV to bring back only if some request had at the
         # start (a victim swapped out in this loop leaves `running`), so one look suffices.
-        quick = not kv.has_swapped()
-        i, num_running = 0, len(running)
-        while i < num_running and budget > 0:
+        quick = not self.kv.has_swapped()
+        i = 0
+        while i < len(running) and budget > 0:
             if quick:
-                # NOTE: the decode fast path, over the run of requests that decode into a block
-                # they hold: can_allocate() is True by the allocator contract and allocate()
-                # moves no block; it is still called, for the tokens the allocator counts.
-                j = i
-                for req in islice(running, i, min(num_running, i + budget)):
-                    done = req.num_computed_tokens
-                    if len(req.prompt_token_ids) + len(req.output_token_ids) - done != 1:
-                        break
-                    table = table_of(req)
-                    if len(table) * bs <= done:
-                        break
-                    grow(req, done + 1)
-                    add(ScheduledRequest(req, 1, done, table))
-                    j += 1
-                budget -= j - i
-                i = j
-                if i == num_running or budget <= 0:
+                i, budget = self._plan_decodes(out, i, budget)
+                if i >= len(running) or budget <= 0:
                     break
-            req = running[i]
-            done = req.num_computed_tokens
-            remaining = len(req.prompt_token_ids) + len(req.output_token_ids) - done
-            n = 1 if remaining == 1 else to_run(remaining, budget)  # budget > 0: a decode fits
-            if n == 0:
-                i += 1
-                continue
-            target = done + n
-            if kv.can_allocate(req, target):
-                kv.allocate(req, target)
-            else:
-                seen = {id(r) for r in running[:i]}
-                planned = out.num_batched_tokens
-                kept = self.ensure_kv(req, target, running[i:], out)
-                budget += planned - out.num_batched_tokens  # planned victims give theirs back
-                i = sum(1 for r in running if id(r) in seen)  # victims may have sat before req
-                num_running = len(running)
-                if not kept:
-                    continue  # req itself was preempted; running[i] is now the next one
-            add(plan(req, n, done))
-            budget -= n
-            i += 1
+            i, budget = self._continue(out, i, budget)
         return budget
+
+    def _plan_decodes(self, out: SchedulerOutput, i: int, budget: int) -> tuple[int, int]:
+        """`_continue` for the run of decoding requests from `running[i]` (at most `budget`),
+        their KV in one `allocate_next_tokens` call: the decode fast path, for a plan with no
+        swap-in. Returns where the run stopped and the budget left. Changes state."""
+        running = self.running
+        run = []
+        for req in islice(running, i, i + budget):
+            if len(req.prompt_token_ids) + len(req.output_token_ids) - req.num_computed_tokens != 1:
+                break
+            run.append(req)
+        if not run:
+            return i, budget
+        add = out.scheduled.append
+        num_preemptions = self.num_preemptions
+        for k, (req, table) in enumerate(zip(run, self.kv.allocate_next_tokens(run), strict=True)):
+            if table is not None:
+                add(ScheduledRequest(req, 1, req.num_computed_tokens, table))
+                continue
+            j, left = self._continue(out, i + k, budget - k)  # it needs a new block
+            if self.num_preemptions != num_preemptions:
+                return j, left  # the run's positions moved; the caller goes on from j
+        return i + len(run), budget - len(run)  # each of the run took one token
+
+    def _continue(self, out: SchedulerOutput, i: int, budget: int) -> tuple[int, int]:
+        """Plan `running[i]`'s next tokens (a decode, or its prompt or the next chunk of it),
+        preempting by policy when KV runs out. Changes state.
+
+        Returns:
+            The index of the next request to look at and the budget left.
+        """
+        running, kv = self.running, self.kv
+        req = running[i]
+        done = req.num_computed_tokens
+        remaining = len(req.prompt_token_ids) + len(req.output_token_ids) - done
+        n = 1 if remaining == 1 else self.num_tokens_to_run(remaining, budget)  # a decode fits
+        if n == 0:
+            return i + 1, budget
+        target = done + n
+        if kv.can_allocate(req, target):
+            kv.allocate(req, target)
+        else:
+            seen = {id(r) for r in running[:i]}
+            planned = out.num_batched_tokens
+            kept = self.ensure_kv(req, target, running[i:], out)
+            budget += planned - out.num_batched_tokens  # planned victims give theirs back
+            i = sum(1 for r in running if id(r) in seen)  # victims may have sat before req
+            if not kept:
+                return i, budget  # req itself was preempted; running[i] is now the next one
+        out.scheduled.append(self._plan(req, n, done))
+        return i + 1, budget - n
 
     def admit_waiting(self, out: SchedulerOutput, budget: int,
                       max_num_new: int | None = None) -> int:

@@ -91,6 +91,30 @@ class KVAllocator(ABC):
             RuntimeError: not enough free blocks (call `can_allocate` first).
         """
 
+    def allocate_next_tokens(self, requests: Sequence[Request]) -> list[list[int] | None]:
+        """`allocate(r, r.num_computed_tokens + 1)` for each request whose table already has a
+        slot for that token (a decode step into its last block): no block moves, only what
+        `allocate` records (the used tokens) changes. Changes state.
+
+        The default calls `block_table` and `allocate` for each; an allocator may override it
+        with one pass (it runs for every decoding request on every step).
+
+        Returns:
+            Per request, in order: its block table, or None where the next token needs a new
+            block (nothing recorded for it; the caller allocates it the usual way).
+        """
+        tables: list[list[int] | None] = []
+        bs = self.block_size
+        for r in requests:
+            table = self.block_table(r)
+            n = r.num_computed_tokens + 1
+            if len(table) * bs >= n:
+                self.allocate(r, n)
+                tables.append(table)
+            else:
+                tables.append(None)
+        return tables
+
     @abstractmethod
     def free(self, request: Request) -> list[int]:
         """Drop the request's table and its references. Changes state.

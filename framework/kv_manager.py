@@ -5,6 +5,7 @@ Schedulers talk to this class only; they never know which allocator or cache the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from schedlab.faults import PluginFault
@@ -121,6 +122,16 @@ class KVCacheManager:
                 self.allocator.release(evicted)
         self.allocator.allocate(request, num_tokens)
         return reused
+
+    def allocate_next_tokens(self, requests: Sequence[Request]) -> list[list[int] | None]:
+        """KV for each request's next token where its table has a slot for it (the decodes of
+        a step): `KVAllocator.allocate_next_tokens`. Changes the KV state, not the requests.
+
+        Returns:
+            Per request: its block table, or None where the token needs a new block (then
+            `can_allocate` / `allocate` it as usual).
+        """
+        return self.allocator.allocate_next_tokens(requests)
 
     def _check_cached(self, prefix: PrefixMatch) -> None:
         """Raise PluginFault unless every block of `prefix` is a distinct block of the pool that

@@ -73,6 +73,26 @@ class PagedKVAllocator(KVAllocator):
             self._num_tokens += num_tokens - old
         return new
 
+    def allocate_next_tokens(self, requests: Sequence[Request]) -> list[list[int] | None]:
+        tables, tokens, bs = self._tables, self._tokens, self.block_size
+        out: list[list[int] | None] = []
+        add = out.append
+        gained = 0
+        for r in requests:
+            rid = r.request_id
+            table = tables.get(rid)
+            n = r.num_computed_tokens + 1
+            if table is None or len(table) * bs < n:
+                add(None)
+                continue
+            old = tokens[rid]
+            if n > old:
+                tokens[rid] = n
+                gained += n - old
+            add(table)
+        self._num_tokens += gained
+        return out
+
     def share(self, request: Request, block_ids: Sequence[int]) -> None:
         table = self._tables.setdefault(request.request_id, [])
         assert not table, "share() starts a table; this request already holds blocks"
