@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from schedlab import registry
+from schedlab.kv_allocator import KVAllocator
 from schedlab.kv_manager import KVCacheManager
 from schedlab.prefix_cache import PrefixCache
 from schedlab.request import Request, SamplingParams
@@ -100,6 +101,34 @@ def allocator_contract(cls: type, options: dict[str, Any] | None = None) -> None
         alloc.release(alloc.free(r))
     alloc.check_integrity()
     assert alloc.num_free_blocks() == 64, "blocks leaked after every request was freed"
+    _next_tokens_contract(cls, options)
+
+
+def _next_tokens_contract(cls: type, options: dict[str, Any] | None) -> None:
+    """`allocate_next_tokens` leaves the state the default (`block_table` + `allocate` each)
+    leaves: the same tables, the same None where a token needs a new block, the same usage."""
+    mine, ref = (registry.build(registry.resolve("kv_allocator", cls, options), 64, 4, 32)
+                 for _ in range(2))
+    rng = random.Random(2)
+    reqs = [_req(i, n=rng.randint(1, 9), max_tokens=12) for i in range(5)]
+    for a in (mine, ref):
+        for r in reqs:
+            a.allocate(r, r.num_prompt_tokens)
+    for step in range(12):
+        for r in reqs:  # decoding: the next token's position is its token count so far
+            r.num_computed_tokens = r.num_prompt_tokens + step
+        got = mine.allocate_next_tokens(reqs)
+        want = KVAllocator.allocate_next_tokens(ref, reqs)
+        assert got == want, (f"allocate_next_tokens() returned {got}; block_table() + "
+                             f"allocate() give {want}")
+        assert mine.usage() == ref.usage(), (
+            f"allocate_next_tokens() leaves usage {mine.usage()}; allocate() leaves "
+            f"{ref.usage()}")
+        for r, table in zip(reqs, got, strict=True):
+            if table is None and ref.can_allocate(r, r.num_computed_tokens + 1):
+                for a in (mine, ref):
+                    a.allocate(r, r.num_computed_tokens + 1)
+        mine.check_integrity()
 
 
 def prefix_cache_contract(cls: type[PrefixCache], options: dict[str, Any] | None = None) -> None:
