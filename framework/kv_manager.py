@@ -130,8 +130,16 @@ class KVCacheManager:
         Returns:
             Per request: its block table, or None where the token needs a new block (then
             `can_allocate` / `allocate` it as usual).
+
+        Raises:
+            PluginFault: the allocator returned another number of entries.
         """
-        return self.allocator.allocate_next_tokens(requests)
+        tables = self.allocator.allocate_next_tokens(requests)
+        if len(tables) != len(requests):
+            raise PluginFault("kv_allocator", (
+                f"allocate_next_tokens() returned {len(tables)} entries for {len(requests)} "
+                "requests; one per request, in order (None where a new block is needed)"))
+        return tables
 
     def _check_cached(self, prefix: PrefixMatch) -> None:
         """Raise PluginFault unless every block of `prefix` is a distinct block of the pool that
