@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-from operator import attrgetter
-
 from schedlab.faults import PluginContractError
 from schedlab.kv_manager import KVCacheManager
 from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput, TokenCounts
@@ -56,7 +54,7 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
         total += n
         if n == 1 and start >= num_prompt:
             num_decode += 1
-    if len(set(map(_request_of, scheduled))) != len(scheduled):  # a Request hashes by identity
+    if len({sr.request for sr in scheduled}) != len(scheduled):  # a Request hashes by identity
         seen: set[int] = set()
         for sr in scheduled:
             if id(sr.request) in seen:
@@ -67,9 +65,6 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
         raise PluginContractError(f"{where} {total} tokens, more than max_num_batched_tokens="
                                   f"{limits.max_num_batched_tokens}")
     return TokenCounts(total - num_decode, num_decode)
-
-
-_request_of = attrgetter("request")
 
 
 def _explain(sr: ScheduledRequest, where: str, bs: int) -> None:

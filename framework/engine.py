@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from functools import partial
-from itertools import compress
-from operator import attrgetter, is_not
 from typing import NoReturn
 
 from schedlab import registry
@@ -27,10 +24,6 @@ from schedlab.plan import TokenCounts
 from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerOutput
 from schedlab.stats import EngineCounters, StepStats, engine_counters, step_stats
-
-_metrics_of = attrgetter("request.metrics")
-_request_of = attrgetter("request")
-_is_token = partial(is_not, None)  # a partial prefill samples None
 
 
 class Engine:
@@ -275,7 +268,8 @@ class Engine:
             self._check_accounted()
             return []
         now = self.clock.now()
-        for m in map(_metrics_of, plan.scheduled):
+        for sr in plan.scheduled:
+            m = sr.request.metrics
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = now
         t_sched = time.perf_counter() - t0
@@ -295,8 +289,8 @@ class Engine:
         t_update = time.perf_counter() - t1
         self._record(plan, counts, result, now, t_sched, t_update)
         self._check_accounted()
-        # update_from_output() checked that `sampled` has one entry per scheduled request
-        return list(compress(map(_request_of, plan.scheduled), map(_is_token, sampled)))
+        return [sr.request for sr, tok in zip(plan.scheduled, sampled, strict=True)
+                if tok is not None]
 
     def _raise(self, exc: Exception, method: str, step: int | None) -> NoReturn:
         """Raise the one-sentence error for what a plugin call raised (`schedlab.faults`),
