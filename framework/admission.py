@@ -89,8 +89,10 @@ class AdmissionControl:
 
     def _plan_decodes(self, out: SchedulerOutput, i: int, budget: int) -> tuple[int, int]:
         """`_continue` for the run of decoding requests from `running[i]` (at most `budget`),
-        their KV in one `allocate_next_tokens` call: the decode fast path, for a plan with no
-        swap-in. Returns where the run stopped and the budget left. Changes state."""
+        their KV from the free pool in one `allocate_next_tokens` call (the decode fast path,
+        for a plan with no swap-in); one the pool is short for, and those after it needing a
+        block, go through `_continue` in order. Returns where the run stopped and the budget
+        left. Changes state."""
         running = self.running
         run = []
         for req in islice(running, i, i + budget):
@@ -105,7 +107,7 @@ class AdmissionControl:
             if table is not None:
                 add(ScheduledRequest(req, 1, req.num_computed_tokens, table))
                 continue
-            j, left = self._continue(out, i + k, budget - k)  # it needs a new block
+            j, left = self._continue(out, i + k, budget - k)  # evict or preempt for it
             if self.num_preemptions != num_preemptions:
                 return j, left  # the run's positions moved; the caller goes on from j
         return i + len(run), budget - len(run)  # each of the run took one token

@@ -124,12 +124,16 @@ class KVCacheManager:
         return reused
 
     def allocate_next_tokens(self, requests: Sequence[Request]) -> list[list[int] | None]:
-        """KV for each request's next token where its table has a slot for it (the decodes of
-        a step): `KVAllocator.allocate_next_tokens`. Changes the KV state, not the requests.
+        """KV for each request's next token, in order, from the free pool, up to the first
+        request the pool is short for (the decodes of a step): `KVAllocator.
+        allocate_next_tokens`. Changes the KV state, not the requests.
+
+        NOTE: what this allocates is what `can_allocate` / `allocate` of each in turn would:
+        with free blocks, `allocate` evicts nothing from the prefix cache.
 
         Returns:
-            Per request: its block table, or None where the token needs a new block (then
-            `can_allocate` / `allocate` it as usual).
+            Per request: its block table, or None where nothing was allocated (then
+            `can_allocate` / `allocate` it as usual, evicting or preempting).
 
         Raises:
             PluginFault: the allocator returned another number of entries.

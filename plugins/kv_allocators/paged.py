@@ -78,12 +78,18 @@ class PagedKVAllocator(KVAllocator):
         out: list[list[int] | None] = []
         add = out.append
         gained = 0
+        short = False
         for r in requests:
             rid = r.request_id
             table = tables.get(rid)
             n = r.num_computed_tokens + 1
-            if table is None or len(table) * bs < n:
-                add(None)
+            if table is None or len(table) * bs < n:  # a new block (one in every block_size)
+                if not short and self.can_allocate(r, n):
+                    self.allocate(r, n)
+                    add(tables[rid])
+                else:
+                    short = True
+                    add(None)
                 continue
             old = tokens[rid]
             if n > old:
