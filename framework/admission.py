@@ -11,6 +11,8 @@ naming the queue method.
 
 from __future__ import annotations
 
+from itertools import islice
+
 from schedlab.faults import PluginFault
 from schedlab.kv_manager import KVCacheManager
 from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
@@ -19,6 +21,12 @@ from schedlab.queue import RequestQueue
 from schedlab.request import Request, RequestStatus
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+def _overrides(queue: RequestQueue, hook: str) -> bool:
+    """Whether `queue` has its own `hook`, not `RequestQueue`'s default (class or instance)."""
+    return (getattr(type(queue), hook) is not getattr(RequestQueue, hook)
+            or hook in getattr(queue, "__dict__", ()))
 
 
 class AdmissionControl:
@@ -42,6 +50,10 @@ class AdmissionControl:
         #: preemptions that swapped the victim's KV to host memory (the rest recompute)
         self.num_swaps = 0
         queue.bind(kv)
+        # NOTE: a hook the queue leaves as the base's no-op is not called per request (or per
+        # step): looked up once, here, when the queue is bound.
+        self._on_token = queue.on_token if _overrides(queue, "on_token") else None
+        self._expire = queue.expire if _overrides(queue, "expire") else None
 
     def num_tokens_to_run(self, remaining: int, budget: int) -> int:
         """How many of a request's `remaining` tokens fit this step (0: none).
@@ -62,33 +74,71 @@ class AdmissionControl:
         their tokens given back to the budget), as vLLM's priority scheduler does. Returns
         the budget left.
         """
-        kv, running, plan = self.kv, self.running, self._plan
-        to_run = self.num_tokens_to_run
-        scheduled = out.scheduled
+        running = self.running
+        # NOTE: a running request has host KV to bring back only if some request had at the
+        # start (a victim swapped out in this loop leaves `running`), so one look suffices.
+        quick = not self.kv.has_swapped()
         i = 0
         while i < len(running) and budget > 0:
-            req = running[i]
-            done = req.num_computed_tokens
-            remaining = len(req.prompt_token_ids) + len(req.output_token_ids) - done
-            n = 1 if remaining == 1 else to_run(remaining, budget)  # budget > 0: a decode fits
-            if n == 0:
-                i += 1
-                continue
-            target = done + n
-            if kv.can_allocate(req, target):
-                kv.allocate(req, target)
-            else:
-                seen = {id(r) for r in running[:i]}
-                planned = out.num_batched_tokens
-                kept = self.ensure_kv(req, target, running[i:], out)
-                budget += planned - out.num_batched_tokens  # planned victims give theirs back
-                i = sum(1 for r in running if id(r) in seen)  # victims may have sat before req
-                if not kept:
-                    continue  # req itself was preempted; running[i] is now the next one
-            scheduled.append(plan(req, n, done))
-            budget -= n
-            i += 1
+            if quick:
+                i, budget = self._plan_decodes(out, i, budget)
+                if i >= len(running) or budget <= 0:
+                    break
+            i, budget = self._continue(out, i, budget)
         return budget
+
+    def _plan_decodes(self, out: SchedulerOutput, i: int, budget: int) -> tuple[int, int]:
+        """`_continue` for the run of decoding requests from `running[i]` (at most `budget`),
+        their KV from the free pool in one `allocate_next_tokens` call (the decode fast path,
+        for a plan with no swap-in); one the pool is short for, and those after it needing a
+        block, go through `_continue` in order. Returns where the run stopped and the budget
+        left. Changes state."""
+        running = self.running
+        run = []
+        for req in islice(running, i, i + budget):
+            if len(req.prompt_token_ids) + len(req.output_token_ids) - req.num_computed_tokens != 1:
+                break
+            run.append(req)
+        if not run:
+            return i, budget
+        add = out.scheduled.append
+        num_preemptions = self.num_preemptions
+        for k, (req, table) in enumerate(zip(run, self.kv.allocate_next_tokens(run), strict=True)):
+            if table is not None:
+                add(ScheduledRequest(req, 1, req.num_computed_tokens, table))
+                continue
+            j, left = self._continue(out, i + k, budget - k)  # evict or preempt for it
+            if self.num_preemptions != num_preemptions:
+                return j, left  # the run's positions moved; the caller goes on from j
+        return i + len(run), budget - len(run)  # each of the run took one token
+
+    def _continue(self, out: SchedulerOutput, i: int, budget: int) -> tuple[int, int]:
+        """Plan `running[i]`'s next tokens (a decode, or its prompt or the next chunk of it),
+        preempting by policy when KV runs out. Changes state.
+
+        Returns:
+            The index of the next request to look at and the budget left.
+        """
+        running, kv = self.running, self.kv
+        req = running[i]
+        done = req.num_computed_tokens
+        remaining = len(req.prompt_token_ids) + len(req.output_token_ids) - done
+        n = 1 if remaining == 1 else self.num_tokens_to_run(remaining, budget)  # a decode fits
+        if n == 0:
+            return i + 1, budget
+        target = done + n
+        if kv.can_allocate(req, target):
+            kv.allocate(req, target)
+        else:
+            seen = {id(r) for r in running[:i]}
+            planned = out.num_batched_tokens
+            kept = self.ensure_kv(req, target, running[i:], out)
+            budget += planned - out.num_batched_tokens  # planned victims give theirs back
+            i = sum(1 for r in running if id(r) in seen)  # victims may have sat before req
+            if not kept:
+                return i, budget  # req itself was preempted; running[i] is now the next one
+        out.scheduled.append(self._plan(req, n, done))
+        return i + 1, budget - n
 
     def admit_waiting(self, out: SchedulerOutput, budget: int,
                       max_num_new: int | None = None) -> int:
@@ -204,8 +254,11 @@ class AdmissionControl:
     def _plan(self, req: Request, n: int, start: int) -> ScheduledRequest:
         """The request's share of the step. NOTE: every policy plans through here, so a
         swapped-out request's KV is copied back the first time it runs again."""
-        table = self.kv.allocator.block_table(req)
-        return ScheduledRequest(req, n, start, table, self.kv.swap_in(req))
+        kv = self.kv
+        table = kv.allocator.block_table(req)
+        pairs = kv.swap_in(req)
+        return ScheduledRequest(req, n, start, table, pairs) if pairs else (
+            ScheduledRequest(req, n, start, table))
 
     def preempt(self, request: Request, out: SchedulerOutput | None = None) -> None:
         """Take a running request off the device: free its KV and queue it again. Changes state.

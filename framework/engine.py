@@ -20,6 +20,7 @@ from schedlab.executor import Executor, ExecutorOutput
 from schedlab.faults import PluginSlot, blame, check_accounted
 from schedlab.intake import prompt_ids, why_invalid
 from schedlab.kv_manager import KVCacheManager
+from schedlab.plan import TokenCounts
 from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerOutput
 from schedlab.stats import EngineCounters, StepStats, engine_counters, step_stats
@@ -260,7 +261,7 @@ class Engine:
         except Exception as e:
             self._raise(e, "schedule", step)
         # NOTE: one pass over the plan (limits, tokens, KV held); ownership in check_integrity
-        check_plan(plan, self.scheduler_name, self.limits, self.kv, step)
+        counts = check_plan(plan, self.scheduler_name, self.limits, self.kv, step)
         self.last_plan = plan
         if plan.is_empty:
             self._unstick()
@@ -268,25 +269,27 @@ class Engine:
             return []
         now = self.clock.now()
         for sr in plan.scheduled:
-            if sr.request.metrics.first_scheduled_time is None:
-                sr.request.metrics.first_scheduled_time = now
+            m = sr.request.metrics
+            if m.first_scheduled_time is None:
+                m.first_scheduled_time = now
         t_sched = time.perf_counter() - t0
         # NOTE: not guarded: an executor's errors (device lost, out of memory) are the
         # environment's, and callers catch them by their own types
         result = self.executor.execute(plan)
         t1 = time.perf_counter()
         now = self.clock.now()
+        sampled = result.sampled_token_ids
         try:
-            finished = sched.update_from_output(plan, result.sampled_token_ids, now)
+            finished = sched.update_from_output(plan, sampled, now)
         except Exception as e:
             self._raise(e, "update_from_output", step)
         live = self._live
         for r in finished:
             live.pop(r.request_id, None)
         t_update = time.perf_counter() - t1
-        self._record(plan, result, now, t_sched, t_update)
+        self._record(plan, counts, result, now, t_sched, t_update)
         self._check_accounted()
-        return [sr.request for sr, tok in zip(plan.scheduled, result.sampled_token_ids, strict=True)
+        return [sr.request for sr, tok in zip(plan.scheduled, sampled, strict=True)
                 if tok is not None]
 
     def _raise(self, exc: Exception, method: str, step: int | None) -> NoReturn:
@@ -317,10 +320,10 @@ class Engine:
         if req is not None:
             self._live.pop(req.request_id, None)
 
-    def _record(self, plan: SchedulerOutput, result: ExecutorOutput, now: float,
-                t_sched: float, t_update: float) -> None:
-        self.step_stats.append(step_stats(self._num_steps + 1, plan, result, now, t_sched,
-                                          t_update, self.scheduler, self.kv))
+    def _record(self, plan: SchedulerOutput, counts: TokenCounts, result: ExecutorOutput,
+                now: float, t_sched: float, t_update: float) -> None:
+        self.step_stats.append(step_stats(self._num_steps + 1, plan, counts, result, now,
+                                          t_sched, t_update, self.scheduler, self.kv))
         self._num_steps += 1
 
     def counters(self) -> EngineCounters:

@@ -91,6 +91,33 @@ class KVAllocator(ABC):
             RuntimeError: not enough free blocks (call `can_allocate` first).
         """
 
+    def allocate_next_tokens(self, requests: Sequence[Request]) -> list[list[int] | None]:
+        """`allocate(r, r.num_computed_tokens + 1)` for each request in order (the decodes of a
+        step) where the free pool has what that takes (`can_allocate` with nothing extra), up
+        to the first request for which it has not; after that one, only requests whose table
+        already has the slot (no block moves) are allocated. Changes state.
+
+        The default calls `block_table`, `can_allocate` and `allocate` for each; an
+        allocator may override it with one pass (it runs for every decoding request on every
+        step) that leaves the same state.
+
+        Returns:
+            Per request, in order: its block table after the allocation, or None where
+            nothing was allocated (the caller makes room: eviction or preemption).
+        """
+        tables: list[list[int] | None] = []
+        bs = self.block_size
+        short = False
+        for r in requests:
+            n = r.num_computed_tokens + 1
+            if len(self.block_table(r)) * bs >= n or (not short and self.can_allocate(r, n)):
+                self.allocate(r, n)
+                tables.append(self.block_table(r))
+            else:
+                short = True
+                tables.append(None)
+        return tables
+
     @abstractmethod
     def free(self, request: Request) -> list[int]:
         """Drop the request's table and its references. Changes state.

@@ -5,6 +5,7 @@ Schedulers talk to this class only; they never know which allocator or cache the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from schedlab.faults import PluginFault
@@ -122,6 +123,28 @@ class KVCacheManager:
         self.allocator.allocate(request, num_tokens)
         return reused
 
+    def allocate_next_tokens(self, requests: Sequence[Request]) -> list[list[int] | None]:
+        """KV for each request's next token, in order, from the free pool, up to the first
+        request the pool is short for (the decodes of a step): `KVAllocator.
+        allocate_next_tokens`. Changes the KV state, not the requests.
+
+        NOTE: what this allocates is what `can_allocate` / `allocate` of each in turn would:
+        with free blocks, `allocate` evicts nothing from the prefix cache.
+
+        Returns:
+            Per request: its block table, or None where nothing was allocated (then
+            `can_allocate` / `allocate` it as usual, evicting or preempting).
+
+        Raises:
+            PluginFault: the allocator returned another number of entries.
+        """
+        tables = self.allocator.allocate_next_tokens(requests)
+        if len(tables) != len(requests):
+            raise PluginFault("kv_allocator", (
+                f"allocate_next_tokens() returned {len(tables)} entries for {len(requests)} "
+                "requests; one per request, in order (None where a new block is needed)"))
+        return tables
+
     def _check_cached(self, prefix: PrefixMatch) -> None:
         """Raise PluginFault unless every block of `prefix` is a distinct block of the pool that
         the prefix cache holds and the allocator has not freed."""
@@ -186,6 +209,10 @@ class KVCacheManager:
     def is_swapped(self, request: Request) -> bool:
         """Whether the request's KV waits in host slots. No state change."""
         return request.request_id in self._swapped
+
+    def has_swapped(self) -> bool:
+        """Whether any request's KV waits in host slots. No state change."""
+        return bool(self._swapped)
 
     def num_free_host_blocks(self) -> int:
         return len(self._free_host)

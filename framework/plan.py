@@ -3,7 +3,9 @@ the engine and the executor."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from schedlab.request import Request
 
@@ -38,12 +40,22 @@ class ScheduledRequest:
     start: int
     block_ids: list[int]
     #: swap preemption: (host slot, device block) pairs bringing the request's KV back
-    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: Sequence[tuple[int, int]] = ()
 
     @property
     def samples(self) -> bool:
         """Whether this step ends with a sampled token for the request (prefill complete)."""
-        return self.start + self.num_new_tokens == self.request.num_tokens
+        r = self.request
+        return self.start + self.num_new_tokens == len(r.prompt_token_ids) + len(
+            r.output_token_ids)
+
+
+class TokenCounts(NamedTuple):
+    """A step's tokens by kind (`SchedulerOutput.token_counts`)."""
+
+    num_prefill_tokens: int
+    #: one new token past the prompt each
+    num_decode_tokens: int
 
 
 @dataclass(slots=True)
@@ -71,13 +83,13 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
-    def token_counts(self) -> tuple[int, int]:
+    def token_counts(self) -> TokenCounts:
         """(prefill tokens, decode tokens) of the step, in one pass. A decode is one new
         token past the prompt."""
         prefill = decode = 0
         for s in self.scheduled:
-            if s.num_new_tokens == 1 and s.start >= s.request.num_prompt_tokens:
+            if s.num_new_tokens == 1 and s.start >= len(s.request.prompt_token_ids):
                 decode += 1
             else:
                 prefill += s.num_new_tokens
-        return prefill, decode
+        return TokenCounts(prefill, decode)

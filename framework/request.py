@@ -139,15 +139,15 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in _FINISHED
+        return self._value_ in _FINISHED  # NOTE: a str lookup; hashing a member is Python code
 
 
-_FINISHED = {
-    RequestStatus.FINISHED_STOPPED,
-    RequestStatus.FINISHED_LENGTH,
-    RequestStatus.FINISHED_ABORTED,
-    RequestStatus.REJECTED,
-}
+_FINISHED = frozenset({
+    RequestStatus.FINISHED_STOPPED.value,
+    RequestStatus.FINISHED_LENGTH.value,
+    RequestStatus.FINISHED_ABORTED.value,
+    RequestStatus.REJECTED.value,
+})
 
 
 @dataclass(slots=True)
@@ -235,7 +235,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.finished
+        return self.status._value_ in _FINISHED
 
     def end(self, status: RequestStatus, now: float, reject_reason: str | None = None) -> None:
         """Mark the request ended with a finished `status` at `now` (and why, when rejected or

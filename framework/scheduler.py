@@ -79,6 +79,7 @@ class Scheduler(AdmissionControl, ABC):
         finished: list[Request] = []
         max_len = self.config.max_model_len
         cache_computed = self.kv.cache_computed if self.kv.prefix_cache is not None else None
+        on_token = self._on_token
         for sr, token in zip(output.scheduled, sampled, strict=True):
             req = sr.request
             req.num_computed_tokens = sr.start + sr.num_new_tokens
@@ -88,7 +89,8 @@ class Scheduler(AdmissionControl, ABC):
                 continue
             out_ids = req.output_token_ids
             out_ids.append(token)
-            self.waiting.on_token(req)
+            if on_token is not None:
+                on_token(req)
             m = req.metrics
             m.token_times.append(now)
             if m.first_token_time is None:
@@ -107,9 +109,10 @@ class Scheduler(AdmissionControl, ABC):
         if finished:
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
-        for req, reason in self.waiting.expire(now):  # e.g. EDF: a deadline already missed
-            self._reject(req, reason, now)
-            finished.append(req)
+        if self._expire is not None:
+            for req, reason in self._expire(now):  # e.g. EDF: a deadline already missed
+                self._reject(req, reason, now)
+                finished.append(req)
         return finished
 
     def _reject(self, req: Request, reason: str, now: float) -> None:

@@ -159,3 +159,33 @@ def bound_lpm():
                              long_prefill_threshold=0)
     scheduler(limits, kv, q)  # the scheduler binds its queue to the KV manager
     return q, kv
+
+
+def test_a_queues_own_hooks_see_every_token_and_every_step():
+    """`on_token` once per output token and `expire` once per step, whether the hook is the
+    queue class's or set on the instance (the engine skips only the base's no-ops)."""
+    from fakes import fake_engine
+
+    from schedlab.plugins.queues.fcfs import FCFSQueue
+
+    class Counting(FCFSQueue):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokens = self.steps = 0
+            self.expire = self._expire  # an instance attribute, set before the engine binds
+
+        def on_token(self, request: Request) -> None:
+            self.tokens += 1
+
+        def _expire(self, now: float) -> list:
+            self.steps += 1
+            return []
+
+    eng = fake_engine(queue=Counting)
+    for i in range(5):
+        eng.add_request([1 + i, 2, 3], SamplingParams(temperature=0.0, max_tokens=4 + i,
+                                                      ignore_eos=True))
+    eng.run_until_done(check=True)
+    q = eng.scheduler.waiting
+    assert q.tokens == sum(len(r.output_token_ids) for r in eng.requests.values()) == 30
+    assert q.steps == eng.counters().num_steps

@@ -71,6 +71,11 @@ ROWS = {
         "prefix_cache 'lying_caches:OverCountingPrefixCache' match() returned 3 blocks holding "
         "16 tokens for a 13-token sequence; a match is whole blocks of 4 tokens (num_tokens == "
         "len(block_ids) * block_size) within the sequence"),
+    "allocate_next_tokens() drops one": (
+        {"kv_allocator": "short_allocator:DropsLastAllocator"},
+        "kv_allocator 'short_allocator:DropsLastAllocator' allocate_next_tokens() returned 3 "
+        "entries for 4 requests; one per request, in order (None where a new block is "
+        "needed)"),
     "schedule() raises": (
         {"scheduler": "boom_scheduler:BoomScheduler"},
         "scheduler 'boom_scheduler:BoomScheduler' raised KeyError('oops') in schedule() at "

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from schedlab import registry
+from schedlab.kv_allocator import KVAllocator
 from schedlab.kv_manager import KVCacheManager
 from schedlab.prefix_cache import PrefixCache
 from schedlab.request import Request, SamplingParams
@@ -100,6 +101,38 @@ def allocator_contract(cls: type, options: dict[str, Any] | None = None) -> None
         alloc.release(alloc.free(r))
     alloc.check_integrity()
     assert alloc.num_free_blocks() == 64, "blocks leaked after every request was freed"
+    _next_tokens_contract(cls, options)
+
+
+def _next_tokens_contract(cls: type, options: dict[str, Any] | None) -> None:
+    """`allocate_next_tokens` leaves the state the default (`block_table`, `can_allocate`,
+    `allocate` each) leaves: the same tables, None in the same places, the same usage, on a
+    pool small enough to run short."""
+    mine, ref = (registry.build(registry.resolve("kv_allocator", cls, options), 16, 4, 32)
+                 for _ in range(2))
+    rng = random.Random(2)
+    reqs = []
+    for i in range(6):
+        r = _req(i, n=rng.randint(1, 9), max_tokens=24)
+        if ref.can_allocate(r, r.num_prompt_tokens):
+            for a in (mine, ref):
+                a.allocate(r, r.num_prompt_tokens)
+            reqs.append(r)
+    for step in range(24):
+        for r in reqs:  # decoding: the next token's position is its token count so far
+            r.num_computed_tokens = min(r.num_prompt_tokens + step, 31)
+        got = mine.allocate_next_tokens(reqs)
+        want = KVAllocator.allocate_next_tokens(ref, reqs)
+        assert got == want, (f"allocate_next_tokens() returned {got}; block_table() + "
+                             f"can_allocate() + allocate() give {want}")
+        assert mine.usage() == ref.usage(), (
+            f"allocate_next_tokens() leaves usage {mine.usage()}; allocate() leaves "
+            f"{ref.usage()}")
+        mine.check_integrity()
+        if step % 6 == 5 and len(reqs) > 1:  # a request ends: its blocks go back to the pool
+            r = reqs.pop(rng.randrange(len(reqs)))
+            for a in (mine, ref):
+                a.release(a.free(r))
 
 
 def prefix_cache_contract(cls: type[PrefixCache], options: dict[str, Any] | None = None) -> None:

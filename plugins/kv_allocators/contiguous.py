@@ -84,6 +84,27 @@ class ContiguousKVAllocator(KVAllocator):
         self._tokens[rid] = num_tokens
         return list(range(first, first + n))
 
+    def allocate_next_tokens(self, requests: Sequence[Request]) -> list[list[int] | None]:
+        regions, tokens, bs = self._regions, self._tokens, self.block_size
+        out: list[list[int] | None] = []
+        short = False
+        for r in requests:
+            rid = r.request_id
+            region = regions.get(rid)
+            n = r.num_computed_tokens + 1
+            if region is None or n > region[1] * bs:  # NOTE: a region is reserved whole
+                if not short and self.can_allocate(r, n):
+                    self.allocate(r, n)
+                    out.append(self.block_table(r))
+                else:
+                    short = True
+                    out.append(None)
+                continue
+            if n > tokens[rid]:
+                tokens[rid] = n
+            out.append(list(range(region[0], region[0] + region[1])))
+        return out
+
     def free(self, request: Request) -> list[int]:
         region = self._regions.pop(request.request_id, None)
         self._tokens.pop(request.request_id, None)

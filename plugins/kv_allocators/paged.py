@@ -73,6 +73,32 @@ class PagedKVAllocator(KVAllocator):
             self._num_tokens += num_tokens - old
         return new
 
+    def allocate_next_tokens(self, requests: Sequence[Request]) -> list[list[int] | None]:
+        tables, tokens, bs = self._tables, self._tokens, self.block_size
+        out: list[list[int] | None] = []
+        add = out.append
+        gained = 0
+        short = False
+        for r in requests:
+            rid = r.request_id
+            table = tables.get(rid)
+            n = r.num_computed_tokens + 1
+            if table is None or len(table) * bs < n:  # a new block (one in every block_size)
+                if not short and self.can_allocate(r, n):
+                    self.allocate(r, n)
+                    add(tables[rid])
+                else:
+                    short = True
+                    add(None)
+                continue
+            old = tokens[rid]
+            if n > old:
+                tokens[rid] = n
+                gained += n - old
+            add(table)
+        self._num_tokens += gained
+        return out
+
     def share(self, request: Request, block_ids: Sequence[int]) -> None:
         table = self._tables.setdefault(request.request_id, [])
         assert not table, "share() starts a table; this request already holds blocks"
@@ -113,7 +139,8 @@ class PagedKVAllocator(KVAllocator):
         return self._is_free[block_id]
 
     def block_table(self, request: Request) -> list[int]:
-        return self._tables.get(request.request_id, [])
+        table = self._tables.get(request.request_id)
+        return [] if table is None else table
 
     def usage(self) -> KVUsage:
         return KVUsage(

@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+from schedlab.request import Request
 from schedlab.scheduler import Scheduler, SchedulerOutput
+
+
+def _prefilling(r: Request) -> bool:
+    """Whether a running request is part-way through its prompt (more than one token left)."""
+    return len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens > 1
+
+
+def _decodes_first(running: list[Request]) -> bool:
+    """Whether no decoding request sits after a prefilling one. No state change."""
+    prefill_seen = False
+    for r in running:
+        if len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens > 1:
+            prefill_seen = True
+        elif prefill_seen:
+            return False
+    return True
 
 
 class ChunkedPrefillScheduler(Scheduler):
@@ -20,8 +37,10 @@ class ChunkedPrefillScheduler(Scheduler):
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         # NOTE: a stable sort, so a partial prefill admitted before a decoding request does not
-        # take the budget first; within each group the admission order is kept.
-        self.running.sort(key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
+        # take the budget first; within each group the admission order is kept. Most steps
+        # find the order already kept (a finished prefill sits next to the decodes) and skip it.
+        if not _decodes_first(self.running):
+            self.running.sort(key=_prefilling)
         budget = self.schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
             self.admit_waiting(out, budget)

@@ -20,7 +20,8 @@ class StaticScheduler(Scheduler):
         limit = self.config.max_num_batched_tokens
         if not self.running:
             self._form_batch()
-        prefilling = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        prefilling = [r for r in self.running if len(r.prompt_token_ids)
+                      + len(r.output_token_ids) - r.num_computed_tokens > 1]
         if prefilling:
             budget = limit
             for req in prefilling:

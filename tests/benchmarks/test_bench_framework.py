@@ -41,6 +41,20 @@ def test_engine_step(benchmark, num_seqs):
     assert len(eng.scheduler.running) == num_seqs
 
 
+@pytest.mark.parametrize("num_seqs", [64, 256, 1024, 2048])
+def test_engine_step_per_request(benchmark, num_seqs):
+    """`Engine.step()` as the batch grows. `extra_info`: microseconds per running request,
+    for the whole step and for its schedule + update (`StepStats.framework_time`); flat
+    across sizes means the step's cost is linear in the batch, rising means worse."""
+    eng = running_engine("continuous", num_seqs)
+    benchmark.pedantic(eng.step, rounds=30, iterations=1, warmup_rounds=3)
+    assert len(eng.scheduler.running) == num_seqs
+    framework = sorted(s.framework_time for s in eng.step_stats[-30:])[15]
+    benchmark.extra_info["step_us_per_request"] = round(
+        1e6 * benchmark.stats.stats.median / num_seqs, 3)
+    benchmark.extra_info["framework_us_per_request"] = round(1e6 * framework / num_seqs, 3)
+
+
 def _request(i: int, num_tokens: int) -> Request:
     return Request(str(i), [2 + (i * 31 + j) % 900 for j in range(num_tokens)],
                    SamplingParams(max_tokens=16))
