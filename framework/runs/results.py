@@ -37,9 +37,34 @@ def write_results(run_dir: Path, metrics: dict, config: dict | None = None,
            **metrics, "config": config or {}, "environment": env or {}}
     path = run_dir / RESULTS_FILE
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_jsonable(doc), indent=2, allow_nan=False) + "\n")
+    tmp.write_text(dumps_results(doc) + "\n")
     tmp.replace(path)
     return path
+
+
+def dumps_results(doc: dict[str, Any]) -> str:
+    """results.json's text: one top-level key per line, dicts indented, every list (the
+    per-request arrays: millions of numbers in a long run) on one line; non-finite floats as
+    null, numpy scalars as numbers, paths as strings.
+
+    NOTE: `json.dumps` with an `indent` runs json's pure-Python encoder; each list goes through
+    its C encoder instead, and the `_jsonable` walk runs only on a value the encoder refuses
+    (a NaN, a numpy integer, a non-string key)."""
+    items = []
+    for k, v in doc.items():
+        if isinstance(v, list | tuple):
+            text = _dumps(v, None)
+        else:
+            text = _dumps(v, 2).replace("\n", "\n  ")
+        items.append(f"  {json.dumps(str(k))}: {text}")
+    return "{\n" + ",\n".join(items) + "\n}" if items else "{}"
+
+
+def _dumps(x: Any, indent: int | None) -> str:
+    try:
+        return json.dumps(x, indent=indent, allow_nan=False)
+    except (ValueError, TypeError):
+        return json.dumps(_jsonable(x), indent=indent, allow_nan=False)
 
 
 def load_results(path: Path) -> tuple[dict, dict, dict]:
