@@ -91,7 +91,7 @@ def execute(s: RunSettings) -> dict[str, Any]:
         try:
             run = run_workload(cluster, workload, temperature=s.temperature,
                                ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
-                               progress=s.progress)
+                               progress=s.progress, save_detailed=s.save_detailed)
         except KeyboardInterrupt:  # partial results, then the one line
             res = cluster.interrupt()
             run = res.run

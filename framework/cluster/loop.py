@@ -45,7 +45,7 @@ class RunLoop:
 
     def __init__(self, cluster: Cluster, workload: list[WorkloadRequest],
                  params: Sequence[SamplingParams], request_ids: Sequence[str] | None,
-                 max_concurrency: int | None, check: bool) -> None:
+                 max_concurrency: int | None, check: bool, stream: bool = False) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ValueError(f"max_concurrency={max_concurrency} must be >= 1 or None")
         self.cluster = cluster
@@ -65,7 +65,10 @@ class RunLoop:
         self.index: dict[int, int] = {}  # id(request) -> its workload index
         self.outstanding = 0  # released and not ended
         self.bar = None
-        self.start = cluster.begin_run()
+        #: streaming: each request is retired (its stats kept, the request forgotten) once
+        #: it ended and its next turn, if any, was released
+        self.stream = stream
+        self.start = cluster.begin_run(len(workload) if stream else None)
 
     def next_release(self) -> float:
         """When the next release can happen (inf: none left, or no free seat)."""
@@ -152,6 +155,8 @@ class RunLoop:
                 self.prompts[j] = r.prompt_token_ids + r.output_token_ids + list(
                     w.prompt_token_ids)
                 heapq.heappush(self.releases, (t - self.start + w.think_time_s, 1, j))
+            if self.stream:
+                self.cluster.retire(i, inst, r)
         return moved
 
 
