@@ -86,10 +86,13 @@ class RunRecord:
         used = [0] * len(instances)
         running = [0] * len(instances)
         cluster_used, cluster_running = [], []
+        total_used = total_running = 0  # NOTE: sums over instances, kept as one changes
         for _, n, s in tagged:
+            total_used += s.kv_used_blocks - used[n]
+            total_running += s.num_running - running[n]
             used[n], running[n] = s.kv_used_blocks, s.num_running
-            cluster_used.append(sum(used))
-            cluster_running.append(sum(running))
+            cluster_used.append(total_used)
+            cluster_running.append(total_running)
 
         def delta(name: str) -> int:
             return sum(getattr(c1, name) - (getattr(c0, name) if c0 else 0)
