@@ -165,7 +165,7 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
     }
 
 
-def _stats(name: str, values: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
+def _stats(name: str, values: np.ndarray, percentiles: Sequence[float]) -> dict[str, float]:
     # NOTE: like vLLM, an empty series reports 0 rather than NaN.
     a = np.asarray(values if len(values) else [0.0], dtype=float) * 1000.0
     out = {f"mean_{name}_ms": float(a.mean()), f"median_{name}_ms": float(np.median(a)),
