@@ -173,19 +173,19 @@ class Cluster:
         """
         if request_id is None and len(self.instances) > 1:
             request_id = str(next(self._ids))  # unique across instances (engines count apart)
-        probe = Request(request_id=request_id or "?", prompt_token_ids=list(prompt),
-                        sampling_params=params, arrival_time=arrival, priority=w.priority,
-                        client_id=w.client_id,
-                        deadline_ms=w.deadline_ms, slo_class=w.slo_class,
-                        expected_output_len=w.expected_output_len)
+        prompt = list(prompt)
         pool = self.entry
         if len(pool) == 1:
             j = 0
         else:
+            probe = Request(request_id=request_id or "?", prompt_token_ids=prompt,
+                            sampling_params=params, arrival_time=arrival, priority=w.priority,
+                            client_id=w.client_id, deadline_ms=w.deadline_ms,
+                            slo_class=w.slo_class, expected_output_len=w.expected_output_len)
             loads = _Loads(pool, probe if self.router.uses_prefix else None)
             j = self._checked(self.router, self.router.select(probe, loads), len(pool))
         inst = pool[j]
-        req = inst.add(request_id, probe.prompt_token_ids, params, arrival,
+        req = inst.add(request_id, prompt, params, arrival,
                        priority=w.priority, expected_output_len=w.expected_output_len,
                        client_id=w.client_id, deadline_ms=w.deadline_ms,
                        slo_class=w.slo_class)
