@@ -2,6 +2,8 @@
 
     .venv/bin/python experiments/bench_sim.py                 # both
     .venv/bin/python experiments/bench_sim.py --skip-fidelity --profile   # speed + cProfile
+    .venv/bin/python experiments/bench_sim.py --skip-fidelity --num-requests 100000 \
+        --instances 8 --rate 320 --no-save-detailed     # a streaming cluster run, peak RSS
 
 Speed: 10,000 requests of Llama-3-8B on the H100 preset (target: under 30 s of wall time).
 Fidelity: calibrate the cost model on the real torch executor (small random model, CPU), then
@@ -31,18 +33,23 @@ SPEED_WORKLOAD = {
 }
 
 
-def bench_speed(num_requests: int, profile: bool) -> None:
-    engine = Engine(EngineConfig(model="llama3_8b", executor="sim",
-                                 executor_options={"hardware": "h100"}))
+def bench_speed(num_requests: int, profile: bool, instances: int = 1, rate: float | None = None,
+                save_detailed: bool = True) -> None:
+    from schedlab.cluster import Cluster, ClusterConfig
+
+    config = EngineConfig(model="llama3_8b", executor="sim", executor_options={"hardware": "h100"})
+    engine = Engine(config)
+    target = engine if instances == 1 else Cluster(ClusterConfig(num_instances=instances), config)
+    arrival = dict(SPEED_WORKLOAD["arrival"], **({} if rate is None else {"rate": rate}))
     t0 = time.perf_counter()
-    work = build_workload(dict(SPEED_WORKLOAD, num_requests=num_requests),
+    work = build_workload(dict(SPEED_WORKLOAD, num_requests=num_requests, arrival=arrival),
                           engine.model_spec.vocab_size, seed=0)
     t_build = time.perf_counter() - t0
     prof = cProfile.Profile() if profile else None
     t0, c0 = time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
-    run = run_workload(engine, work)
+    run = run_workload(target, work, save_detailed=save_detailed)
     if prof:
         prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -51,7 +58,12 @@ def bench_speed(num_requests: int, profile: bool) -> None:
     t_metrics = time.perf_counter() - t1
     steps = len(run.step_stats)
     fw = sum(s.framework_time for s in run.step_stats)
-    print(f"== simulation speed: {num_requests} requests, llama3_8b on h100 (sim) ==")
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"== simulation speed: {num_requests} requests at {arrival['rate']} req/s, llama3_8b on "
+          f"{instances} x h100 (sim), save_detailed={save_detailed} ==")
+    print(f"peak RSS {rss:.0f} MB")
     print(f"workload built in {t_build:.2f} s; run in {wall:.2f} s wall "
           f"({'under' if wall < 30 else 'OVER'} the 30 s target), {cpu:.2f} s of CPU time "
           f"(less than wall: other processes share the cores); metrics in {t_metrics:.2f} s")
@@ -99,6 +111,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-requests", type=int, default=10_000)
     ap.add_argument("--profile", action="store_true", help="cProfile the simulated run")
+    ap.add_argument("--instances", type=int, default=1, help="replicas (round robin)")
+    ap.add_argument("--rate", type=float, help="arrivals per second (default 25)")
+    ap.add_argument("--no-save-detailed", action="store_true",
+                    help="stream (driver.save_detailed=false): summary metrics only")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-fidelity", action="store_true")
     ap.add_argument("--hardware-profile", help="a calibrated profile JSON (default: calibrate)")
@@ -109,7 +125,8 @@ def main() -> None:
                          "processes) and/or wall")
     args = ap.parse_args()
     if not args.skip_speed:
-        bench_speed(args.num_requests, args.profile)
+        bench_speed(args.num_requests, args.profile, args.instances, args.rate,
+                    not args.no_save_detailed)
     if not args.skip_fidelity:
         for clock in args.clock.split(","):
             bench_fidelity(args.hardware_profile, args.size, args.threads, clock)

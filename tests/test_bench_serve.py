@@ -87,3 +87,11 @@ def test_unreachable_server_is_one_error_line(llama_dir, tmp_path, capsys):
 def test_bench_needs_a_base_url(capsys):
     assert main(["bench", "serve", "workload.num_requests=2"]) == 2
     assert "--base-url" in capsys.readouterr().err
+
+
+def test_bench_refuses_the_streaming_mode_with_one_line(tmp_path, capsys):
+    rc = main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--vocab-size", "1000",
+               "driver.save_detailed=false", "logger=none", f"hydra.run.dir={tmp_path / 'r'}"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("schedlab: error: driver.save_detailed=false is for `schedlab run`")

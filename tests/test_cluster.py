@@ -190,6 +190,20 @@ def test_default_config_runs_one_engine(tmp_path):
     assert _settings(tmp_path).cluster is None
 
 
+def test_a_streaming_cluster_run_writes_the_summary_without_per_request_lists(tmp_path):
+    from schedlab.cli.app import execute
+
+    detailed = execute(_settings(tmp_path / "d", "cluster=replicas", "driver.progress=false"))
+    execute(_settings(tmp_path / "s", "cluster=replicas", "driver.progress=false",
+                      "driver.save_detailed=false"))
+    saved = json.loads((tmp_path / "s" / "results.json").read_text())
+    assert "ttfts" in detailed and "ttfts" not in saved and "itls" not in saved
+    assert saved["completed"] == detailed["completed"] == 12
+    for key in ("p99_ttft_ms", "p50_itl_ms", "mean_tpot_ms", "output_throughput"):
+        assert saved[key] == detailed[key], key
+    assert saved["cluster"]["num_instances"] == 2
+
+
 def test_run_through_a_disaggregated_cluster_writes_one_results_file(tmp_path):
     from schedlab.cli.app import execute
 

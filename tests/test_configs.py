@@ -150,6 +150,7 @@ def test_bad_values_name_the_key(base_overrides):
         "scheduler.name=nope": "installed:",
         "model.tiny.size=huge": "model.tiny.size='huge'",
         "driver.max_concurrency=0": "driver.max_concurrency=0",
+        "driver.save_detailed=sometimes": "driver.save_detailed='sometimes'",
         "logger=wandb logger.mode=sometimes": "logger.mode='sometimes'",
     }
     for override, expected in cases.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fakes import FakeExecutor
@@ -140,3 +141,21 @@ def test_preemptions_and_swaps_are_counted(monkeypatch, mode):
         assert 0 < m["num_swaps"] <= m["num_preemptions"]
     else:
         assert m["num_swaps"] == 0
+
+
+def test_results_json_writes_numpy_scalars_paths_and_non_finite_floats_as_json(tmp_path):
+    import numpy as np
+
+    from schedlab.runs.results import load_results
+
+    metrics = {"mean_ttft_ms": np.float64(1.5), "completed": np.int64(3), "std": float("nan"),
+               "ttfts": [0.25, float("inf"), np.int32(2)], "itls": [[0.5, 0.25], []],
+               "cluster": {"instances": [{"index": 0, "busy": float("-inf")}]},
+               "where": Path("/tmp/x")}
+    path = write_results(tmp_path, metrics, {"seed": 0})
+    got, config, _ = load_results(path)
+    assert got == {"mean_ttft_ms": 1.5, "completed": 3, "std": None, "ttfts": [0.25, None, 2],
+                   "itls": [[0.5, 0.25], []], "cluster": {"instances": [{"index": 0,
+                                                                        "busy": None}]},
+                   "where": "/tmp/x"}
+    assert config == {"seed": 0}

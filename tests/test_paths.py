@@ -13,6 +13,7 @@ from schedlab.cluster import Cluster, ClusterConfig
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.faults import PluginContractError
+from schedlab.runs.distributions import WorkloadError
 from schedlab.runs.driver import run_workload
 from schedlab.runs.metrics import compute_metrics, peak_in_flight
 from schedlab.runs.sessions import next_turns
@@ -144,6 +145,43 @@ def test_cluster_kv_use_and_running_seats_are_the_whole_clusters():
     assert four["num_kv_blocks"] == 4 * 64
     assert four["max_num_running"] > 2 * one["max_num_running"]
     assert one["max_concurrent_requests"] == four["max_concurrent_requests"] == 96
+
+
+#: results.json keys that hold one entry per request (a streaming run writes none)
+PER_REQUEST = {"input_lens", "output_lens", "ttfts", "tpots", "e2els", "itls", "errors"}
+
+
+@pytest.mark.parametrize("layout", [None, {"num_instances": 2},
+                                    {"num_instances": None, "prefill_instances": 1,
+                                     "decode_instances": 1}])
+@pytest.mark.parametrize("kind", ["synthetic", "sessions", "shared_prefix"])
+def test_a_streaming_run_gives_the_summary_of_a_detailed_one(layout, kind):
+    """driver.save_detailed=false: every summary key of the detailed run with the same value
+    (latency statistics, throughputs, goodput, peaks), no per-request list, and no request
+    left in an engine; a max_concurrency cap and a rejected request included."""
+    def go(detailed: bool):
+        wl = workload(kind)
+        wl[1].prompt_token_ids = list(range(2, 10_000))  # past max_model_len: rejected
+        ec = sim()
+        target = Engine(ec) if layout is None else Cluster(ClusterConfig(**layout), ec)
+        run = run_workload(target, wl, max_concurrency=5, save_detailed=detailed)
+        engines = ([target] if layout is None else [i.engine for i in target.instances])
+        return compute_metrics(run, slo={"ttft": 30.0, "tpot": 8.0}), engines
+
+    full, _ = go(True)
+    streamed, engines = go(False)
+    assert full["num_rejected"] >= 1 and full["completed"] > 0
+    assert set(full) - set(streamed) == PER_REQUEST and set(streamed) <= set(full)
+    wall = {k for k in full if "framework" in k or k.startswith("mean_") and k.endswith(
+        "_time_ms") and k != "mean_step_time_ms"}  # host seconds, measured: they vary
+    for key in set(streamed) - wall:
+        assert streamed[key] == full[key], key
+    assert all(not e.requests for e in engines)
+
+
+def test_a_streaming_run_refuses_the_metrics_that_need_every_request():
+    with pytest.raises(WorkloadError, match="driver.save_detailed"):
+        run_workload(Engine(sim()), workload("clients_slo_priorities"), save_detailed=False)
 
 
 def test_a_cluster_that_drops_sessions_fails_the_checks(monkeypatch):

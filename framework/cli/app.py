@@ -6,6 +6,7 @@ import json
 import os
 import random
 import sys
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,7 @@ def execute(s: RunSettings) -> dict[str, Any]:
         try:
             run = run_workload(cluster, workload, temperature=s.temperature,
                                ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
-                               progress=s.progress)
+                               progress=s.progress, save_detailed=s.save_detailed)
         except KeyboardInterrupt:  # partial results, then the one line
             res = cluster.interrupt()
             run = res.run
@@ -103,7 +104,9 @@ def execute(s: RunSettings) -> dict[str, Any]:
         if s.cluster is not None:
             metrics["cluster"] = cluster.result_with_summary(run).summary()
         path = write_results(s.output_dir, metrics, s.config, collect_environment())
-        summary = json.loads(path.read_text())  # W&B's summary = results.json's scalars
+        # W&B's summary = results.json's scalars, read back (a tracker that records
+        # nothing needs none: a long run's per-request arrays are the file's bulk)
+        summary = json.loads(path.read_text()) if s.tracking.backend != "none" else metrics
         if s.plots:
             from schedlab.runs.plots import write_plots
 
@@ -172,7 +175,7 @@ def write_steps_csv(path: Path, step_stats: list) -> Path:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(names)
-        w.writerows([getattr(st, n) for n in names] for st in step_stats)
+        w.writerows(map(attrgetter(*names), step_stats))
     return path
 
 

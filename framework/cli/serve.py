@@ -254,6 +254,10 @@ def _bench(s: RunSettings, a: _BenchArgs) -> None:
         served_model,
     )
 
+    if not s.save_detailed:
+        raise ConfigError("driver.save_detailed=false is for `schedlab run` (a simulated or "
+                          "real engine in this process); `schedlab bench serve` keeps every "
+                          "request's record: drop the key")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     vocab = a.vocab_size
     if vocab is None:

@@ -85,6 +85,8 @@ class RunSettings:
     ignore_eos: bool = True
     max_concurrency: int | None = None
     progress: bool = True
+    #: keep every request and write the per-request lists (False: stream, summaries only)
+    save_detailed: bool = True
     percentiles: tuple[float, ...] = (50, 90, 95, 99)
     slo: dict[str, float] | None = None
     plots: bool = True
@@ -172,6 +174,9 @@ def build_settings(cfg: DictConfig, group: str | None = None,
     max_conc = driver.get("max_concurrency")
     if max_conc is not None and (not _is_int(max_conc) or max_conc < 1):
         raise ConfigError(f"driver.max_concurrency={max_conc!r} must be an integer >= 1 or null")
+    save_detailed = driver.get("save_detailed", True)
+    if not isinstance(save_detailed, bool):
+        raise ConfigError(f"driver.save_detailed={save_detailed!r} must be true or false")
     cluster = cluster_from_config(c.get("cluster"), c.get("router"))
     temperature = sampling.get("temperature", 0.0)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
@@ -197,6 +202,7 @@ def build_settings(cfg: DictConfig, group: str | None = None,
         ignore_eos=bool(sampling.get("ignore_eos", True)),
         max_concurrency=max_conc,
         progress=bool(driver.get("progress", True)),
+        save_detailed=save_detailed,
         percentiles=tuple(pcts),
         slo=_slo(metrics.get("slo")),
         plots=bool(c.get("plots", True)),

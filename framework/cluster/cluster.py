@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, overload
 
 from schedlab import registry
 from schedlab.clock import InstanceClock, VirtualClock
 from schedlab.cluster.config import ClusterConfig
 from schedlab.cluster.instance import Instance, Role
 from schedlab.cluster.record import ClusterRunResult, RunRecord
-from schedlab.cluster.router import Router
+from schedlab.cluster.router import InstanceLoad, Router
 from schedlab.cluster.transfer import KVTransfer
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
@@ -127,11 +128,23 @@ class Cluster:
         RunLoop(self, list(workload), params, None, max_concurrency, check).run()
         return self.result_with_summary(self.result(max_concurrency))
 
-    def begin_run(self) -> float:
+    def begin_run(self, stream: int | None = None) -> float:
         """Start a run: forget the last run's requests, note each engine's counters. Returns
-        the run's start time (the latest instance clock). Changes state."""
-        self._record = RunRecord.begin(self.instances)
+        the run's start time (the latest instance clock). Changes state.
+
+        Args:
+            stream: the workload's size, for a streaming run (ended requests are `retire`d).
+        """
+        self._record = RunRecord.begin(self.instances, stream)
         return self._record.start
+
+    def retire(self, k: int, inst: Instance, req: Request) -> None:
+        """Streaming: workload request `k` ended for good on `inst`; keep its stats, and
+        nothing of it here or in the engine. Changes state."""
+        self._record.retire(k)
+        engine = inst.engine
+        if engine.requests.get(req.request_id) is req:
+            engine.forget(req.request_id)
 
     def is_busy(self) -> list[Instance]:
         """The instances with a request to step. No state change."""
@@ -160,21 +173,19 @@ class Cluster:
         """
         if request_id is None and len(self.instances) > 1:
             request_id = str(next(self._ids))  # unique across instances (engines count apart)
-        probe = Request(request_id=request_id or "?", prompt_token_ids=list(prompt),
-                        sampling_params=params, arrival_time=arrival, priority=w.priority,
-                        client_id=w.client_id,
-                        deadline_ms=w.deadline_ms, slo_class=w.slo_class,
-                        expected_output_len=w.expected_output_len)
+        prompt = list(prompt)
         pool = self.entry
         if len(pool) == 1:
             j = 0
         else:
-            use_prefix = self.router.uses_prefix
-            loads = [_reindex(inst.load(inst.cached_prefix_tokens(probe) if use_prefix else 0),
-                              j) for j, inst in enumerate(pool)]
+            probe = Request(request_id=request_id or "?", prompt_token_ids=prompt,
+                            sampling_params=params, arrival_time=arrival, priority=w.priority,
+                            client_id=w.client_id, deadline_ms=w.deadline_ms,
+                            slo_class=w.slo_class, expected_output_len=w.expected_output_len)
+            loads = _Loads(pool, probe if self.router.uses_prefix else None)
             j = self._checked(self.router, self.router.select(probe, loads), len(pool))
         inst = pool[j]
-        req = inst.add(request_id, probe.prompt_token_ids, params, arrival,
+        req = inst.add(request_id, prompt, params, arrival,
                        priority=w.priority, expected_output_len=w.expected_output_len,
                        client_id=w.client_id, deadline_ms=w.deadline_ms,
                        slo_class=w.slo_class)
@@ -301,6 +312,41 @@ class Cluster:
         self.router.check_integrity()
         if self.decode_router is not None:
             self.decode_router.check_integrity()
+
+
+class _Loads(Sequence[InstanceLoad]):
+    """The pool's loads as a router sees them, each taken when the router first reads it (a
+    round-robin router reads none: a load sums over every request in flight there).
+
+    Args:
+        pool: the instances, in the router's order.
+        probe: the request being routed, when the router reads cached prefixes.
+    """
+
+    def __init__(self, pool: Sequence[Instance], probe: Request | None) -> None:
+        self._pool = pool
+        self._probe = probe
+        self._taken: list[InstanceLoad | None] = [None] * len(pool)
+
+    def __len__(self) -> int:
+        return len(self._pool)
+
+    @overload
+    def __getitem__(self, j: int) -> InstanceLoad: ...
+    @overload
+    def __getitem__(self, j: slice) -> list[InstanceLoad]: ...
+
+    def __getitem__(self, j: int | slice) -> InstanceLoad | list[InstanceLoad]:
+        if isinstance(j, slice):
+            return [self[k] for k in range(len(self))[j]]
+        load = self._taken[j]
+        if load is None:
+            k = range(len(self._pool))[j]  # IndexError past the end ends iteration
+            inst, probe = self._pool[k], self._probe
+            load = _reindex(inst.load(0 if probe is None else inst.cached_prefix_tokens(probe)),
+                            k)
+            self._taken[j] = load
+        return load
 
 
 def _reindex(load, j: int):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 
 from schedlab.clock import InstanceClock
 from schedlab.cluster.router import InstanceLoad
@@ -17,6 +18,8 @@ from schedlab.cluster.transfer import (
 )
 from schedlab.engine import Engine
 from schedlab.request import Request, RequestStatus, SamplingParams
+
+_REQUEST = attrgetter("request")
 
 
 class Role(enum.Enum):
@@ -74,6 +77,9 @@ class Instance:
         self.transfer_bytes_out = 0
         self._transfer_time_sum = 0.0
         self._busy_time = 0.0
+        #: whether every unfinished request of the engine is one routed here, so that the
+        #: requests ended here can be counted without a scan (see `take_done`)
+        self._counted = not engine.has_unfinished()
 
     # ---- queries (no state change) -------------------------------------------------------
     def now(self) -> float:
@@ -163,10 +169,29 @@ class Instance:
 
     def take_done(self) -> list[Request]:
         """Requests routed here that ended here (finished, rejected, aborted), forgotten.
-        Changes state."""
-        done = [r for r in self.in_flight.values() if r.is_finished]
+        Changes state.
+
+        NOTE: what is in flight here is pending, unfinished in the engine, or ended; the count
+        of ended ones is O(1), the last plan is scanned for them when some ended, and
+        everything only when the plan does not hold them all (an expired or rejected one)."""
+        in_flight = self.in_flight
+        if self._counted:
+            sched = self.engine.scheduler
+            ended = (len(in_flight) - len(self.pending) - len(sched.running)
+                     - len(sched.waiting))
+            if ended == 0:
+                return []
+            plan = self.engine.last_plan
+            if plan is not None:
+                done = [r for r in map(_REQUEST, plan.scheduled)
+                        if r.is_finished and r.request_id in in_flight]
+                if len(done) == ended:
+                    for r in done:
+                        del in_flight[r.request_id]
+                    return done
+        done = [r for r in in_flight.values() if r.is_finished]
         for r in done:
-            del self.in_flight[r.request_id]
+            del in_flight[r.request_id]
         return done
 
     def take_prefilled(self) -> list[tuple[Request, int, list | None]]:

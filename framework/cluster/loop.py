@@ -45,7 +45,7 @@ class RunLoop:
 
     def __init__(self, cluster: Cluster, workload: list[WorkloadRequest],
                  params: Sequence[SamplingParams], request_ids: Sequence[str] | None,
-                 max_concurrency: int | None, check: bool) -> None:
+                 max_concurrency: int | None, check: bool, stream: bool = False) -> None:
         if max_concurrency is not None and max_concurrency < 1:
             raise ValueError(f"max_concurrency={max_concurrency} must be >= 1 or None")
         self.cluster = cluster
@@ -65,7 +65,13 @@ class RunLoop:
         self.index: dict[int, int] = {}  # id(request) -> its workload index
         self.outstanding = 0  # released and not ended
         self.bar = None
-        self.start = cluster.begin_run()
+        #: busy instances by (clock, index), and the clock each was last filed at
+        self._busy: list[tuple[float, int]] = []
+        self._filed: dict[int, float] = {}
+        #: streaming: each request is retired (its stats kept, the request forgotten) once
+        #: it ended and its next turn, if any, was released
+        self.stream = stream
+        self.start = cluster.begin_run(len(workload) if stream else None)
 
     def next_release(self) -> float:
         """When the next release can happen (inf: none left, or no free seat)."""
@@ -85,16 +91,17 @@ class RunLoop:
         cluster = self.cluster
         stalled = 0
         while True:
-            busy = cluster.is_busy()
-            t_busy = min((i.now() for i in busy), default=float("inf"))
+            inst = self._next_busy()
+            t_busy = inst.now() if inst is not None else float("inf")
             t_release = self.next_release()
             t_transfer = cluster.next_transfer_time()
             if t_release < float("inf") and t_release <= t_busy and t_release <= t_transfer:
-                self.release(t_release)
+                self._queue(self.release(t_release))
             elif t_transfer < float("inf") and t_transfer <= t_busy:
-                self.ended(cluster.deliver_next())
-            elif busy:
-                inst = min(busy, key=lambda i: (i.now(), i.index))
+                dst = cluster.deliver_next()
+                self.ended(dst)
+                self._queue(dst)
+            elif inst is not None:
                 stepped = cluster.step(inst, self.check)
                 if self.ended(inst) or stepped:
                     stalled = 0
@@ -103,10 +110,12 @@ class RunLoop:
                     if stalled > MAX_STALLED_STEPS:
                         raise RuntimeError(self._stuck(f"instance {inst.index} made no progress "
                                                        f"in {stalled} steps"))
+                self._queue(inst)
             elif cluster.has_pending():  # transfers that wait for nothing: admit or reject
                 cluster.admit_pending()
                 for inst in cluster.instances:
                     self.ended(inst)
+                    self._queue(inst)
             elif self.outstanding or self.releases:
                 if any(self.ended(inst) for inst in cluster.instances):
                     continue
@@ -114,13 +123,44 @@ class RunLoop:
             else:
                 return
 
+    def _queue(self, inst: Instance) -> None:
+        """File `inst` in the busy heap at its clock, if it is busy and not filed there."""
+        if inst.is_busy():
+            t = inst.now()
+            if self._filed.get(inst.index) != t:
+                self._filed[inst.index] = t
+                heapq.heappush(self._busy, (t, inst.index))
+
+    def _next_busy(self) -> Instance | None:
+        """The busy instance whose clock is furthest behind (ties: the lowest index), or None.
+
+        NOTE: the heap holds (clock, index) entries filed after each event that touched an
+        instance (a virtual or paused clock moves only then); an entry whose instance was filed
+        again since, or is idle, is dropped when it surfaces.
+        An empty heap is refilled from a scan, so an instance made busy some other way is
+        still found."""
+        heap, filed, instances = self._busy, self._filed, self.cluster.instances
+        for _ in range(2):
+            while heap:
+                t, j = heap[0]
+                inst = instances[j]
+                if filed.get(j) == t and inst.is_busy():
+                    return inst
+                heapq.heappop(heap)
+                if filed.get(j) == t:
+                    del filed[j]
+            for inst in self.cluster.is_busy():
+                self._queue(inst)
+        return None
+
     def _stuck(self, what: str) -> str:
         ec = self.cluster.engine_config
         return (f"{what} while {self.outstanding} requests are outstanding (scheduler "
                 f"{ec.scheduler!r}, queue {ec.queue!r}): a plugin lost or stalls them")
 
-    def release(self, t: float) -> None:
-        """Submit the next release at `t` (its arrival time, a seat's time included)."""
+    def release(self, t: float) -> Instance:
+        """Submit the next release at `t` (its arrival time, a seat's time included). Returns
+        the instance it went to."""
         _, _, i = heapq.heappop(self.releases)
         if self.seats is not None:
             heapq.heappop(self.seats)
@@ -131,6 +171,7 @@ class RunLoop:
         self.index[id(req)] = i
         self.outstanding += 1
         self.ended(inst)  # rejected on arrival
+        return inst
 
     def ended(self, inst: Instance) -> bool:
         """Take what ended on `inst`: free seats, release next turns. Returns whether anything
@@ -152,6 +193,8 @@ class RunLoop:
                 self.prompts[j] = r.prompt_token_ids + r.output_token_ids + list(
                     w.prompt_token_ids)
                 heapq.heappush(self.releases, (t - self.start + w.think_time_s, 1, j))
+            if self.stream:
+                self.cluster.retire(i, inst, r)
         return moved
 
 

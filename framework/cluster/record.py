@@ -9,6 +9,7 @@ from typing import Any
 
 from schedlab.cluster.instance import Instance, InstanceSummary
 from schedlab.request import Request
+from schedlab.runs.request_stats import RequestStats
 from schedlab.runs.run_result import RunResult
 from schedlab.stats import EngineCounters
 
@@ -41,21 +42,37 @@ class RunRecord:
     #: step records each engine held at the start (not `num_steps`:
     #: `Engine.drain_step_stats` empties the list while the step count goes on)
     first_step: list[int] = field(default_factory=list)
+    #: the requests routed (streaming: those not yet retired)
     routed: dict[int, Request] = field(default_factory=dict)
+    #: streaming: what is kept of each retired request (None: `routed` keeps them all)
+    stats: RequestStats | None = None
 
     @classmethod
-    def begin(cls, instances: Sequence[Instance]) -> RunRecord:
-        return cls(start=max(i.now() for i in instances),
+    def begin(cls, instances: Sequence[Instance], stream: int | None = None) -> RunRecord:
+        """A run starting now; `stream`: the workload's size, for a streaming run."""
+        start = max(i.now() for i in instances)
+        return cls(start=start,
                    counters=[i.engine.counters() for i in instances],
-                   first_step=[len(i.engine.step_stats) for i in instances])
+                   first_step=[len(i.engine.step_stats) for i in instances],
+                   stats=None if stream is None else RequestStats(stream, start))
+
+    def retire(self, k: int) -> None:
+        """Streaming: file routed request `k`, ended, and forget it. Changes state."""
+        assert self.stats is not None, "retire() is for a streaming run"
+        self.stats.add(k, self.routed.pop(k))
 
     def result(self, instances: Sequence[Instance], block_size: int,
                max_concurrency: int | None = None) -> RunResult:
-        """The run as one `RunResult`: every routed request in workload order, every
-        instance's steps in time order, the counters summed over instances, and (several
-        instances) the cluster's KV blocks in use and running requests after each step. No
-        state change."""
+        """The run as one `RunResult`: every routed request in workload order (streaming: their
+        stats), every instance's steps in time order, the counters summed over instances, and
+        (several instances) the cluster's KV blocks in use and running requests after each
+        step. No state change, except that a streaming run files what is still routed."""
         requests = [self.routed[k] for k in sorted(self.routed)]
+        if self.stats is not None:  # streaming: what an interrupt left in flight, ended
+            for k, r in zip(sorted(self.routed), requests, strict=True):
+                self.stats.add(k, r)
+            self.routed.clear()
+            requests = []
         tagged = []
         counters = []
         for n, inst in enumerate(instances):
@@ -69,10 +86,13 @@ class RunRecord:
         used = [0] * len(instances)
         running = [0] * len(instances)
         cluster_used, cluster_running = [], []
+        total_used = total_running = 0  # NOTE: sums over instances, kept as one changes
         for _, n, s in tagged:
+            total_used += s.kv_used_blocks - used[n]
+            total_running += s.num_running - running[n]
             used[n], running[n] = s.kv_used_blocks, s.num_running
-            cluster_used.append(sum(used))
-            cluster_running.append(sum(running))
+            cluster_used.append(total_used)
+            cluster_running.append(total_running)
 
         def delta(name: str) -> int:
             return sum(getattr(c1, name) - (getattr(c0, name) if c0 else 0)
@@ -94,4 +114,5 @@ class RunRecord:
             num_swaps=delta("num_swaps"),
             kv_used_blocks=cluster_used if several else [],
             num_running=cluster_running if several else [],
+            stats=self.stats,
         )

@@ -3,6 +3,7 @@ processes and spec checks shared by synthetic workloads and trace files."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -55,7 +56,15 @@ class WorkloadRequest:
 
 def random_tokens(rng: np.random.Generator, n: int, vocab_size: int) -> list[int]:
     """`n` token ids drawn uniformly from [2, vocab_size)."""
-    return rng.integers(FIRST_TOKEN_ID, vocab_size, size=n).tolist()
+    ids = rng.integers(FIRST_TOKEN_ID, vocab_size, size=n)
+    return _token_ints(vocab_size)[ids].tolist()
+
+
+@functools.lru_cache(maxsize=4)
+def _token_ints(vocab_size: int) -> np.ndarray:
+    """Every token id as one shared int object (an object array): a prompt's list refers to
+    them, 8 bytes a token instead of an int of its own (a million prompts' worth)."""
+    return np.arange(vocab_size).astype(object)
 
 # ---- lengths ---------------------------------------------------------------------------
 def sample_lengths(dist: Any, n: int, rng: np.random.Generator, key: str) -> np.ndarray:

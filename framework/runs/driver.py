@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from schedlab.request import SamplingParams
-from schedlab.runs.distributions import WorkloadRequest
+from schedlab.runs.distributions import WorkloadError, WorkloadRequest
 from schedlab.runs.run_result import RunResult
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ def run_workload(
     params: Sequence[SamplingParams] | None = None,
     request_ids: Sequence[str] | None = None,
     check: bool = False,
+    save_detailed: bool = True,
 ) -> RunResult:
     """Release the workload at its arrival times and step the instances until every request
     has ended.
@@ -43,13 +44,21 @@ def run_workload(
             and the workload's `max_tokens`), aligned with `workload`.
         request_ids: each request's id, aligned with `workload` (None: counted).
         check: run `check_integrity()` after every step (tests).
+        save_detailed: keep every request (`RunResult.requests`); False streams: each
+            request is reduced to the numbers the summary metrics need (`RunResult.stats`)
+            when it ends and forgotten, so a run's memory no longer grows with its
+            requests' tokens (no per-request lists in the metrics, no per-client or per-SLO
+            class groups).
 
     Returns:
-        The run: every request finished or rejected, in workload order, with its timestamps.
+        The run: every request finished or rejected, in workload order, with its timestamps
+        (streaming: their stats).
 
     Raises:
         ValueError: `max_concurrency` below 1, `params` or `request_ids` of the wrong length,
             or a session's turns out of order.
+        WorkloadError: `save_detailed=False` with requests that carry a client, an SLO class
+            or a deadline (their group metrics need every request).
         RuntimeError: requests are outstanding and no instance can make progress (a plugin
             lost or stalls them), within `schedlab.cluster.loop.MAX_STALLED_STEPS` steps.
     """
@@ -62,8 +71,17 @@ def run_workload(
     if params is None:
         params = [SamplingParams(temperature=temperature, max_tokens=w.max_tokens,
                                  ignore_eos=ignore_eos) for w in workload]
+    if not save_detailed:
+        grouped = next((w for w in workload if w.client_id is not None
+                        or w.slo_class is not None or w.deadline_ms is not None), None)
+        if grouped is not None:
+            raise WorkloadError(
+                "driver.save_detailed=false keeps no per-request records, and per-client, "
+                "per-SLO-class and deadline metrics need them; this workload's requests carry "
+                "a client, an SLO class or a deadline: set driver.save_detailed=true")
     cluster = target if isinstance(target, Cluster) else Cluster.around(target)
-    loop = RunLoop(cluster, list(workload), params, request_ids, max_concurrency, check)
+    loop = RunLoop(cluster, list(workload), params, request_ids, max_concurrency, check,
+                   stream=not save_detailed)
     bar = progress_bar(len(workload), progress)
     try:
         loop.run(bar)

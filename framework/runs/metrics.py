@@ -25,15 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from schedlab.request import Request, RequestStatus
-from schedlab.runs.groups import (
-    group_metrics,
-    is_completed,
-    meets_slo,
-    per_second,
-    percentile_keys,
-    since_arrival,
-)
+from schedlab.request import Request
+from schedlab.runs.groups import group_metrics, per_second, percentile_keys
+from schedlab.runs.request_stats import REJECTED, RequestStats
 from schedlab.runs.run_result import RunResult
 from schedlab.stats import step_phase_metrics
 
@@ -95,50 +89,45 @@ def compute_metrics(
         unknown = sorted(set(slo) - set(SLO_KEYS))
         if unknown:
             raise ValueError(f"SLO keys {unknown} are unknown; accepted: {', '.join(SLO_KEYS)}")
-    done = [r for r in run.requests if is_completed(r)]
-    rejected = [r for r in run.requests if r.status is RequestStatus.REJECTED]
+    stats = run.stats if run.stats is not None else RequestStats.of(run.requests,
+                                                                     run.start_time)
+    done = stats.completed
     dur = run.duration_s
-    ttfts = [since_arrival(r, r.metrics.first_token_time) for r in done]
-    e2els = [since_arrival(r, r.metrics.finished_time) for r in done]
-    tpots: list[float | None] = [
-        (e2el - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else None
-        for r, ttft, e2el in zip(done, ttfts, e2els, strict=True)
-    ]
-    itls = [np.diff(r.metrics.token_times).tolist() for r in done]
-    queue = [since_arrival(r, r.metrics.first_scheduled_time) for r in done]
-    input_lens = [r.num_prompt_tokens for r in done]
-    output_lens = [r.num_output_tokens for r in done]
-    total_in, total_out = sum(input_lens), sum(output_lens)
+    ttfts, e2els, queue = stats.ttft[done], stats.e2el[done], stats.queue[done]
+    tpots = stats.tpots(done)
+    total_in = int(stats.num_input[done].sum())
+    total_out = int(stats.num_output[done].sum())
+    num_done, num_rejected = len(done), stats.count(REJECTED)
 
     m: dict[str, Any] = {
         "duration": dur,
-        "completed": len(done),
-        "num_rejected": len(rejected),
-        "num_failed": len(run.requests) - len(done) - len(rejected),
+        "completed": num_done,
+        "num_rejected": num_rejected,
+        "num_failed": stats.num_ended() - num_done - num_rejected,
         "max_concurrency": run.max_concurrency,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
-        "request_throughput": per_second(len(done), dur),
+        "request_throughput": per_second(num_done, dur),
         "request_goodput": None,
         "output_throughput": per_second(total_out, dur),
         "total_token_throughput": per_second(total_in + total_out, dur),
     }
     if slo:
-        m["request_goodput"] = per_second(sum(meets_slo(r, slo) for r in done), dur)
+        m["request_goodput"] = per_second(stats.num_meeting(done, slo), dur)
         m["goodput_slo_ms"] = dict(slo)
-    m["max_output_tokens_per_s"] = _peak_output_rate(done, run.start_time)
-    m["max_concurrent_requests"] = peak_in_flight(run.requests)
-    pooled_itl = [g for gaps in itls for g in gaps]
-    for name, values in (("ttft", ttfts), ("tpot", [t for t in tpots if t is not None]),
-                         ("itl", pooled_itl), ("e2el", e2els), ("queue", queue)):
+    m["max_output_tokens_per_s"] = stats.peak_output_rate()
+    m["max_concurrent_requests"] = stats.peak_in_flight()
+    for name, values in (("ttft", ttfts), ("tpot", tpots[~np.isnan(tpots)]),
+                         ("itl", stats.pooled_itls(done)), ("e2el", e2els), ("queue", queue)):
         m.update(_stats(name, values, percentiles))
     m.update(engine_metrics(run))
     # per_client / per_slo_class / jain_fairness_index / service_timeline, when present
     m.update(group_metrics(run.requests, dur, run.start_time, percentiles, slo))
-    m.update(input_lens=input_lens, output_lens=output_lens, ttfts=ttfts, tpots=tpots,
-             e2els=e2els, itls=itls,
-             errors=[r.reject_reason or r.finish_reason for r in run.requests
-                     if not is_completed(r)])
+    if run.stats is None:  # NOTE: a streaming run (`driver.save_detailed=false`) has none
+        m.update(input_lens=stats.num_input[done].tolist(),
+                 output_lens=stats.num_output[done].tolist(), ttfts=ttfts.tolist(),
+                 tpots=[None if t != t else t for t in tpots.tolist()], e2els=e2els.tolist(),
+                 itls=stats.itls(done), errors=list(stats.errors.values()))
     return m
 
 
@@ -176,7 +165,7 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
     }
 
 
-def _stats(name: str, values: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
+def _stats(name: str, values: np.ndarray, percentiles: Sequence[float]) -> dict[str, float]:
     # NOTE: like vLLM, an empty series reports 0 rather than NaN.
     a = np.asarray(values if len(values) else [0.0], dtype=float) * 1000.0
     out = {f"mean_{name}_ms": float(a.mean()), f"median_{name}_ms": float(np.median(a)),
@@ -198,16 +187,6 @@ def peak_in_flight(requests: Sequence[Request]) -> int:
         cur += d
         peak = max(peak, cur)
     return peak
-
-
-def _peak_output_rate(done: list[Request], start: float) -> float:
-    """The most output tokens produced in any whole second of the run (vLLM's
-    `max_output_tokens_per_s`)."""
-    times = [t for r in done for t in r.metrics.token_times]
-    if not times:
-        return 0.0
-    seconds = np.floor(np.asarray(times) - start).astype(np.int64)
-    return float(np.bincount(seconds - seconds.min()).max())
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -30,8 +30,8 @@ def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.0,
 
 
 def write_plots(run_dir: Path, run: RunResult, metrics: dict) -> list[Path]:
-    """Write `run_dir/plots/latency_cdf.png`, `timeline.png` and, for a run whose requests
-    carry client ids, `clients.png`.
+    """Write `run_dir/plots/latency_cdf.png` (a run with per-request lists), `timeline.png`
+    and, for a run whose requests carry client ids, `clients.png`.
 
     Args:
         run_dir: the run's output directory.
@@ -44,8 +44,9 @@ def write_plots(run_dir: Path, run: RunResult, metrics: dict) -> list[Path]:
     """
     out = Path(run_dir) / PLOTS_DIR
     out.mkdir(parents=True, exist_ok=True)
-    paths = [_latency_cdfs(out / "latency_cdf.png", metrics),
-             _timeline(out / "timeline.png", run)]
+    paths = [_timeline(out / "timeline.png", run)]
+    if "ttfts" in metrics:  # NOTE: a streaming run (`driver.save_detailed=false`) has no lists
+        paths.insert(0, _latency_cdfs(out / "latency_cdf.png", metrics))
     if metrics.get("per_client"):
         paths.append(_clients(out / "clients.png", run, metrics))
     return paths

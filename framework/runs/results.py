@@ -11,7 +11,7 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -37,9 +37,49 @@ def write_results(run_dir: Path, metrics: dict, config: dict | None = None,
            **metrics, "config": config or {}, "environment": env or {}}
     path = run_dir / RESULTS_FILE
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_jsonable(doc), indent=2, allow_nan=False) + "\n")
+    with open(tmp, "w") as f:
+        dump_results(doc, f)
     tmp.replace(path)
     return path
+
+
+def dump_results(doc: dict[str, Any], f: TextIO) -> None:
+    """Write results.json's text to `f`: one top-level key per line, dicts indented, every
+    list (the per-request arrays: millions of numbers in a long run) on one line; non-finite
+    floats as null, numpy scalars as numbers, paths as strings.
+
+    NOTE: `json.dumps` with an `indent` runs json's pure-Python encoder; each list goes through
+    its C encoder instead, the `_jsonable` walk runs only on a value the encoder refuses (a
+    NaN, a numpy integer, a non-string key), and each value is written as it is encoded."""
+    sep = "{\n"
+    for k, v in doc.items():
+        f.write(f"{sep}  {json.dumps(str(k))}: ")
+        if isinstance(v, list | tuple):
+            _write_list(v, f)
+        else:
+            f.write(_dumps(v, 2).replace("\n", "\n  "))
+        sep = ",\n"
+    f.write("\n}\n" if doc else "{}\n")
+
+
+#: list items encoded at once: the encoder holds a chunk per number until it joins them
+_CHUNK = 4096
+
+
+def _write_list(v: list | tuple, f: TextIO) -> None:
+    f.write("[")
+    for i in range(0, len(v), _CHUNK):
+        if i:
+            f.write(", ")
+        f.write(_dumps(v[i:i + _CHUNK], None)[1:-1])
+    f.write("]")
+
+
+def _dumps(x: Any, indent: int | None) -> str:
+    try:
+        return json.dumps(x, indent=indent, allow_nan=False)
+    except (ValueError, TypeError):
+        return json.dumps(_jsonable(x), indent=indent, allow_nan=False)
 
 
 def load_results(path: Path) -> tuple[dict, dict, dict]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schedlab.request import Request
+from schedlab.runs.request_stats import RequestStats
 from schedlab.stats import StepStats
 
 
@@ -33,6 +34,8 @@ class RunResult:
             step of `step_stats`; empty: each step's own `kv_used_blocks` (one engine).
         num_running: requests running in the whole cluster after each step; empty: each
             step's own `num_running` (one engine).
+        stats: a streaming run's (`save_detailed=False`): what was kept of each request as it
+            ended, `requests` then empty; None: `requests` holds them all.
     """
 
     requests: list[Request]
@@ -48,3 +51,4 @@ class RunResult:
     num_swaps: int = 0
     kv_used_blocks: list[int] = field(default_factory=list)
     num_running: list[int] = field(default_factory=list)
+    stats: RequestStats | None = None

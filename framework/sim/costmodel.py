@@ -12,7 +12,7 @@ what it leaves out: `ASSUMPTIONS.md` next to this file.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from operator import add, attrgetter, eq
 
 from schedlab.plan import SchedulerOutput
@@ -21,7 +21,8 @@ from schedlab.sim import operators as op
 from schedlab.sim.hardware import HardwareProfile
 
 _NEW, _START = attrgetter("num_new_tokens"), attrgetter("start")
-_TOTAL = attrgetter("request.num_tokens")
+_PROMPT, _OUTPUT = attrgetter("request.prompt_token_ids"), attrgetter("request.output_token_ids")
+_SWAP_IN = attrgetter("swap_in")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,8 @@ class StepShape:
         s = list(map(_START, scheduled))
         n, tokens, start_sum = len(q), sum(q), sum(s)
         ends = list(map(add, q, s))
-        done = list(map(eq, ends, map(_TOTAL, scheduled)))
+        totals = map(add, map(len, map(_PROMPT, scheduled)), map(len, map(_OUTPUT, scheduled)))
+        done = list(map(eq, ends, totals))
         if samples is not None:
             samples.extend(done)
         kv = tokens + start_sum
@@ -98,7 +100,7 @@ class StepShape:
         dec_kv = sum(dec)
         padded = kv if pad_waste is None else kv - dec_kv + padded_decode_kv(dec, pad_waste)
         return cls(tokens, n, n - len(dec), sum(done), pre_pairs + dec_kv, kv,
-                   len(plan.swap_in) + len(plan.swap_out), padded, dec_kv)
+                   sum(map(len, map(_SWAP_IN, scheduled))) + len(plan.swap_out), padded, dec_kv)
 @dataclass(frozen=True, slots=True)
 class StepCost:
     """A step's predicted duration by term (seconds); `total` is their sum.
@@ -174,6 +176,7 @@ class CostModel:
         #: the layers' GEMM time by the step's token count, and the LM head's by its rows:
         #: a step's cost is then O(1) dictionary work whatever its batch
         self._gemm_by_tokens: dict[int, float] = {}
+        self._per_token_by_tokens: dict[int, tuple[float, float]] = {}
         self._lm_head_by_rows: dict[int, tuple[float, float]] = {}
 
     def gemm_time(self, num_tokens: int) -> float:
@@ -184,6 +187,17 @@ class CostModel:
             t = self.spec.num_layers * sum(op.gemm_time(hw, num_tokens, k, n, b)
                                            for k, n in self.gemms)
             self._gemm_by_tokens[num_tokens] = t
+        return t
+
+    def per_token_time(self, num_tokens: int) -> tuple[float, float]:
+        """All layers' KV-cache writes and elementwise kernels at `num_tokens` rows
+        (memoized)."""
+        t = self._per_token_by_tokens.get(num_tokens)
+        if t is None:
+            hw, layers = self.hw, self.spec.num_layers
+            t = (layers * op.kv_write_time(hw, num_tokens, self.kv_bytes_per_token_layer),
+                 layers * op.elementwise_time(hw, num_tokens, self.elementwise_bytes_per_token))
+            self._per_token_by_tokens[num_tokens] = t
         return t
 
     def lm_head_time(self, rows: int) -> tuple[float, float]:
@@ -213,8 +227,7 @@ class CostModel:
         kvb, d = self.kv_bytes_per_token_layer, spec.head_dim
         attn_pre = layers * op.attention_prefill_time(hw, pre_pairs, pre_kv, self.heads, d, kvb)
         attn_dec = layers * op.attention_decode_time(hw, dec_kv, self.heads, d, kvb)
-        kv_write = layers * op.kv_write_time(hw, n, kvb)
-        elem = layers * op.elementwise_time(hw, n, self.elementwise_bytes_per_token)
+        kv_write, elem = self.per_token_time(n)
         lm_head, sampling = self.lm_head_time(shape.num_sampled)
         ar = 0.0
         if self.tp > 1 and n:
@@ -225,13 +238,15 @@ class CostModel:
         if shape.num_swapped_blocks:
             nbytes = shape.num_swapped_blocks * block_size * self.kv_bytes_per_token_total
             swap = nbytes / self.tp / hw.host_bandwidth
-        cost = StepCost(gemm, attn_pre, attn_dec, kv_write, elem, lm_head, sampling, ar, swap,
-                        0.0, hw.step_overhead + hw.seq_overhead * shape.num_seqs
-                        + hw.prefill_overhead * shape.num_prefills)
         host = (hw.graph_launch_overhead if graphs
                 else self.kernels_per_step * hw.launch_overhead)
-        launch = host if hw.device == "cpu" else max(0.0, host - cost.device)
-        return replace(cost, launch=launch)
+        if hw.device != "cpu":
+            device = (gemm + attn_pre + attn_dec + kv_write + elem + lm_head + sampling + ar
+                      + swap)  # NOTE: `StepCost.device`'s sum, in its order
+            host = max(0.0, host - device)
+        return StepCost(gemm, attn_pre, attn_dec, kv_write, elem, lm_head, sampling, ar, swap,
+                        host, hw.step_overhead + hw.seq_overhead * shape.num_seqs
+                        + hw.prefill_overhead * shape.num_prefills)
 
     def step_time(self, shape: StepShape, block_size: int, graphs: bool = False) -> float:
         return self.step_cost(shape, block_size, graphs).total

@@ -3,18 +3,22 @@ virtual clock."""
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from schedlab.clock import VirtualClock
 from schedlab.config import ConfigError, EngineConfig
 from schedlab.executor import Executor, ExecutorOutput
-from schedlab.plan import SchedulerOutput
+from schedlab.plan import ScheduledRequest, SchedulerOutput
 from schedlab.request import Request
 from schedlab.shapes import KVCacheSpec, dtype_bytes
 from schedlab.sim.costmodel import CostModel, StepShape
 from schedlab.sim.hardware import HardwareProfile, resolve_hardware, with_overrides
 from schedlab.sim.model_presets import ModelPreset, resolve_model
 from schedlab.tokenizer import has_tokenizer, tiny_tokenizer_dir, visible_token_ids
+
+_STOPS = attrgetter("request.sampling_params.stop_token_ids")
+_OUTPUT = attrgetter("request.output_token_ids")
 
 
 class SimExecutor(Executor):
@@ -85,12 +89,15 @@ class SimExecutor(Executor):
         use when neither the option nor the model names one)."""
         return self._own_tokenizer() or str(tiny_tokenizer_dir())
 
-    def _output_token(self, req: Request) -> int:
+    def _all_words(self) -> list[int]:
         if self._words is None:  # NOTE: the tiny tokenizer in memory: a run needs no files
             self._words = visible_token_ids(self._own_tokenizer(), self.model_spec.vocab_size,
                                             set(self.model_spec.eos_token_ids))
+        return self._words
+
+    def _output_token(self, req: Request) -> int:
         stops = req.sampling_params.stop_token_ids
-        words = [t for t in self._words if t not in stops] if stops else self._words
+        words = [t for t in self._all_words() if t not in stops] if stops else self._all_words()
         if not words:
             return self._token_avoiding(stops) if stops else self.placeholder
         return words[req.num_output_tokens % len(words)]
@@ -133,9 +140,22 @@ class SimExecutor(Executor):
         clock = self.clock
         assert isinstance(clock, VirtualClock), "the simulator's clock must be a VirtualClock"
         clock.advance(dt)
-        sampled = [self._output_token(sr.request) if s else None
-                   for sr, s in zip(plan.scheduled, samples, strict=True)]
-        return ExecutorOutput(sampled, dt)
+        return ExecutorOutput(self._sample(plan.scheduled, samples), dt)
+
+    def _sample(self, scheduled: list[ScheduledRequest], samples: list[bool]) -> list[int | None]:
+        """The placeholder token of each request that samples: the next of the visible words,
+        cycling with its output length (a request with stop ids: the next word not one)."""
+        if any(map(_STOPS, scheduled)):
+            return [self._output_token(sr.request) if s else None
+                    for sr, s in zip(scheduled, samples, strict=True)]
+        words = self._all_words()
+        if not words:
+            return [self.placeholder if s else None for s in samples]
+        n = len(words)
+        counts = map(len, map(_OUTPUT, scheduled))
+        if all(samples):  # NOTE: the common step at high load: every sequence decodes
+            return [words[k % n] for k in counts]
+        return [words[k % n] if s else None for k, s in zip(counts, samples, strict=True)]
 
     def _token_avoiding(self, stops: list[int]) -> int:
         avoid = set(stops) | set(self.model_spec.eos_token_ids)
