@@ -142,6 +142,8 @@ class RequestStatus(enum.Enum):
         return self._value_ in _FINISHED  # NOTE: a str lookup; hashing a member is Python code
 
 
+_RUNNING, _WAITING, _PREEMPTED = (
+    RequestStatus.RUNNING, RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _FINISHED = frozenset({
     RequestStatus.FINISHED_STOPPED.value,
     RequestStatus.FINISHED_LENGTH.value,
@@ -235,7 +237,8 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status._value_ in _FINISHED
+        s = self.status  # NOTE: identity tests; hashing a member is Python code
+        return not (s is _RUNNING or s is _WAITING or s is _PREEMPTED)
 
     def end(self, status: RequestStatus, now: float, reject_reason: str | None = None) -> None:
         """Mark the request ended with a finished `status` at `now` (and why, when rejected or
