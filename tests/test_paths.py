@@ -15,7 +15,8 @@ from schedlab.engine import Engine
 from schedlab.faults import PluginContractError
 from schedlab.runs.distributions import WorkloadError
 from schedlab.runs.driver import run_workload
-from schedlab.runs.metrics import compute_metrics, peak_in_flight
+from schedlab.runs.metrics import compute_metrics
+from schedlab.runs.request_stats import RequestStats
 from schedlab.runs.sessions import next_turns
 from schedlab.runs.workload import build_workload
 
@@ -86,7 +87,7 @@ def check_arrival_rules(wl, run, max_concurrency=None) -> None:
         assert (r.client_id, r.priority, r.deadline_ms, r.slo_class) == (
             w.client_id, w.priority, w.deadline_ms, w.slo_class), f"request {j}: metadata"
     if max_concurrency is not None:
-        assert peak_in_flight(run.requests) <= max_concurrency
+        assert RequestStats.of(run.requests, run.start_time).peak_in_flight() <= max_concurrency
 
 
 def same_counts(a: dict, b: dict) -> None:

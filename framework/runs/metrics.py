@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from schedlab.request import Request
 from schedlab.runs.groups import group_metrics, per_second, percentile_keys
 from schedlab.runs.request_stats import REJECTED, RequestStats
 from schedlab.runs.run_result import RunResult
@@ -172,21 +171,6 @@ def _stats(name: str, values: np.ndarray, percentiles: Sequence[float]) -> dict[
            f"std_{name}_ms": float(a.std())}
     out.update(percentile_keys(name, a, percentiles))
     return out
-
-
-def peak_in_flight(requests: Sequence[Request]) -> int:
-    """The most requests in flight at once: each from its arrival (for a request held back by
-    `max_concurrency`, the time it got a seat) until it ended, as vLLM's bench counts them. A
-    request ending at t and another arriving at t do not overlap."""
-    events: list[tuple[float, int]] = []
-    for r in requests:
-        if r.metrics.finished_time is not None:
-            events += [(r.arrival_time, 1), (r.metrics.finished_time, -1)]
-    peak = cur = 0
-    for _, d in sorted(events):
-        cur += d
-        peak = max(peak, cur)
-    return peak
 
 
 def _mean(values: Sequence[float]) -> float:
