@@ -11,7 +11,7 @@ naming the queue method.
 
 from __future__ import annotations
 
-from itertools import islice
+from itertools import islice, repeat
 
 from schedlab.faults import PluginFault
 from schedlab.kv_manager import KVCacheManager
@@ -94,16 +94,24 @@ class AdmissionControl:
         block, go through `_continue` in order. Returns where the run stopped and the budget
         left. Changes state."""
         running = self.running
-        run = []
+        run: list[Request] = []
+        starts: list[int] = []
         for req in islice(running, i, i + budget):
-            if len(req.prompt_token_ids) + len(req.output_token_ids) - req.num_computed_tokens != 1:
+            done = req.num_computed_tokens
+            if len(req.prompt_token_ids) + len(req.output_token_ids) - done != 1:
                 break
             run.append(req)
+            starts.append(done)
         if not run:
             return i, budget
+        tables = self.kv.allocate_next_tokens(run)
+        k = tables.index(None) if None in tables else len(run)
         add = out.scheduled.append
+        # NOTE: the entries up to the first request the pool was short for, built by `map`
+        out.scheduled.extend(map(ScheduledRequest, run[:k], repeat(1), starts, tables[:k]))
         num_preemptions = self.num_preemptions
-        for k, (req, table) in enumerate(zip(run, self.kv.allocate_next_tokens(run), strict=True)):
+        for k in range(k, len(run)):
+            req, table = run[k], tables[k]
             if table is not None:
                 add(ScheduledRequest(req, 1, req.num_computed_tokens, table))
                 continue

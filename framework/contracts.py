@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from schedlab.faults import PluginContractError
 from schedlab.kv_manager import KVCacheManager
-from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput, TokenCounts
+from schedlab.plan import PlanTotals, ScheduledRequest, SchedulerConfig, SchedulerOutput
 from schedlab.request import RequestStatus
 from schedlab.scheduler import Scheduler
 
 
 def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCacheManager,
-               step: int) -> TokenCounts:
+               step: int) -> PlanTotals:
     """Check one step's plan against the limits and the requests' KV. No state change.
 
     Args:
@@ -25,7 +25,7 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
         step: the step number the plan is for.
 
     Returns:
-        The plan's tokens by kind (`SchedulerOutput.token_counts`, counted in the same pass).
+        The plan's aggregates (`SchedulerOutput.count_totals`), counted in the same pass.
 
     Raises:
         PluginContractError: one sentence naming the scheduler and the broken rule.
@@ -41,19 +41,28 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
                                   f"max_num_seqs={limits.max_num_seqs}")
     bs = kv.block_size
     running = RequestStatus.RUNNING
-    total = num_decode = 0
-    # NOTE: the hot path: one fused test per request, the message only on a violation
+    # NOTE: the hot path: one fused test per request, the message only on a violation; the
+    # totals count the rare cases (no int is built per decode) and derive the rest
+    num_other = num_other_tokens = num_unsampled = swap_in = first = 0
     for sr in scheduled:
         req, n, start = sr.request, sr.num_new_tokens, sr.start
         end = start + n
         num_prompt = len(req.prompt_token_ids)
+        num_tokens = num_prompt + len(req.output_token_ids)
         if (n < 1 or start != req.num_computed_tokens or req.status is not running
-                or end > num_prompt + len(req.output_token_ids)
-                or len(sr.block_ids) * bs < end):
+                or end > num_tokens or len(sr.block_ids) * bs < end):
             _explain(sr, where, bs)
-        total += n
-        if n == 1 and start >= num_prompt:
-            num_decode += 1
+        if n != 1 or start < num_prompt:  # not a decode
+            num_other += 1
+            num_other_tokens += n
+        if end != num_tokens:
+            num_unsampled += 1
+        if sr.swap_in:
+            swap_in += len(sr.swap_in)
+        if req.metrics.first_scheduled_time is None:
+            first += 1
+    num_decode = len(scheduled) - num_other
+    total = num_decode + num_other_tokens
     if len({sr.request for sr in scheduled}) != len(scheduled):  # a Request hashes by identity
         seen: set[int] = set()
         for sr in scheduled:
@@ -64,7 +73,7 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
     if total > limits.max_num_batched_tokens:
         raise PluginContractError(f"{where} {total} tokens, more than max_num_batched_tokens="
                                   f"{limits.max_num_batched_tokens}")
-    return TokenCounts(total - num_decode, num_decode)
+    return PlanTotals(num_other_tokens, num_decode, len(scheduled) - num_unsampled, swap_in, first)
 
 
 def _explain(sr: ScheduledRequest, where: str, bs: int) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from operator import attrgetter
 from typing import NoReturn
 
 from schedlab import registry
@@ -20,10 +21,12 @@ from schedlab.executor import Executor, ExecutorOutput
 from schedlab.faults import PluginSlot, blame, check_accounted
 from schedlab.intake import prompt_ids, why_invalid
 from schedlab.kv_manager import KVCacheManager
-from schedlab.plan import TokenCounts
+from schedlab.plan import PlanTotals
 from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerOutput
 from schedlab.stats import EngineCounters, StepStats, engine_counters, step_stats
+
+_REQUEST = attrgetter("request")
 
 
 class Engine:
@@ -261,17 +264,19 @@ class Engine:
         except Exception as e:
             self._raise(e, "schedule", step)
         # NOTE: one pass over the plan (limits, tokens, KV held); ownership in check_integrity
-        counts = check_plan(plan, self.scheduler_name, self.limits, self.kv, step)
+        totals = check_plan(plan, self.scheduler_name, self.limits, self.kv, step)
+        plan.totals = totals
         self.last_plan = plan
         if plan.is_empty:
             self._unstick()
             self._check_accounted()
             return []
-        now = self.clock.now()
-        for sr in plan.scheduled:
-            m = sr.request.metrics
-            if m.first_scheduled_time is None:
-                m.first_scheduled_time = now
+        if totals.num_first_runs:
+            now = self.clock.now()
+            for sr in plan.scheduled:
+                m = sr.request.metrics
+                if m.first_scheduled_time is None:
+                    m.first_scheduled_time = now
         t_sched = time.perf_counter() - t0
         # NOTE: not guarded: an executor's errors (device lost, out of memory) are the
         # environment's, and callers catch them by their own types
@@ -287,8 +292,10 @@ class Engine:
         for r in finished:
             live.pop(r.request_id, None)
         t_update = time.perf_counter() - t1
-        self._record(plan, counts, result, now, t_sched, t_update)
+        self._record(plan, totals, result, now, t_sched, t_update)
         self._check_accounted()
+        if None not in sampled:  # NOTE: the common step: every request got a token
+            return list(map(_REQUEST, plan.scheduled))
         return [sr.request for sr, tok in zip(plan.scheduled, sampled, strict=True)
                 if tok is not None]
 
@@ -320,9 +327,9 @@ class Engine:
         if req is not None:
             self._live.pop(req.request_id, None)
 
-    def _record(self, plan: SchedulerOutput, counts: TokenCounts, result: ExecutorOutput,
+    def _record(self, plan: SchedulerOutput, totals: PlanTotals, result: ExecutorOutput,
                 now: float, t_sched: float, t_update: float) -> None:
-        self.step_stats.append(step_stats(self._num_steps + 1, plan, counts, result, now,
+        self.step_stats.append(step_stats(self._num_steps + 1, plan, totals, result, now,
                                           t_sched, t_update, self.scheduler, self.kv))
         self._num_steps += 1
 

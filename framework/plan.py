@@ -50,12 +50,18 @@ class ScheduledRequest:
             r.output_token_ids)
 
 
-class TokenCounts(NamedTuple):
-    """A step's tokens by kind (`SchedulerOutput.token_counts`)."""
+class PlanTotals(NamedTuple):
+    """A step's aggregates, counted in one pass over its plan (`SchedulerOutput.totals`)."""
 
     num_prefill_tokens: int
     #: one new token past the prompt each
     num_decode_tokens: int
+    #: entries whose step ends at their sequence's last token (each samples one)
+    num_sampled: int
+    #: (host slot, device block) pairs of the entries' `swap_in`
+    num_swap_in: int
+    #: entries whose request runs for the first time (no `first_scheduled_time` yet)
+    num_first_runs: int
 
 
 @dataclass(slots=True)
@@ -68,6 +74,9 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     #: swap preemption: (device block, host slot) pairs to copy out before the step
     swap_out: list[tuple[int, int]] = field(default_factory=list)
+    #: the plan's aggregates, set by the engine once the plan has passed its checks (None
+    #: before): an executor may read them instead of walking `scheduled`
+    totals: PlanTotals | None = None
 
     @property
     def num_batched_tokens(self) -> int:
@@ -83,13 +92,17 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
-    def token_counts(self) -> TokenCounts:
-        """(prefill tokens, decode tokens) of the step, in one pass. A decode is one new
-        token past the prompt."""
-        prefill = decode = 0
+    def count_totals(self) -> PlanTotals:
+        """The plan's aggregates (what the engine's check sets as `totals`), in one pass."""
+        prefill = decode = sampled = swap_in = first = 0
         for s in self.scheduled:
-            if s.num_new_tokens == 1 and s.start >= len(s.request.prompt_token_ids):
+            r = s.request
+            n, end = s.num_new_tokens, s.start + s.num_new_tokens
+            if n == 1 and s.start >= len(r.prompt_token_ids):
                 decode += 1
             else:
-                prefill += s.num_new_tokens
-        return TokenCounts(prefill, decode)
+                prefill += n
+            sampled += end == len(r.prompt_token_ids) + len(r.output_token_ids)
+            swap_in += len(s.swap_in)
+            first += r.metrics.first_scheduled_time is None
+        return PlanTotals(prefill, decode, sampled, swap_in, first)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from schedlab.executor import ExecutorOutput
     from schedlab.kv_manager import KVCacheManager
-    from schedlab.plan import SchedulerOutput, TokenCounts
+    from schedlab.plan import PlanTotals, SchedulerOutput
     from schedlab.scheduler import Scheduler
 
 
@@ -79,17 +79,17 @@ class EngineCounters:
         return self.kv_used_blocks / self.num_kv_blocks if self.num_kv_blocks else 0.0
 
 
-def step_stats(step: int, plan: SchedulerOutput, counts: TokenCounts, result: ExecutorOutput,
+def step_stats(step: int, plan: SchedulerOutput, totals: PlanTotals, result: ExecutorOutput,
                now: float, t_sched: float, t_update: float, scheduler: Scheduler,
                kv: KVCacheManager) -> StepStats:
     """The record of step number `step`, which ran `plan` and ended at `now` (engine clock).
 
     Args:
-        counts: the plan's `token_counts()` (the engine has them from `check_plan`).
+        totals: the plan's aggregates (`SchedulerOutput.totals`, from `check_plan`).
         t_sched: seconds spent planning the step; t_update: applying its output.
     """
     u = kv.usage()
-    num_prefill, num_decode = counts
+    num_prefill, num_decode = totals.num_prefill_tokens, totals.num_decode_tokens
     st = StepStats(
         step=step,
         time=now,

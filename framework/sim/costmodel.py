@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from operator import add, attrgetter, eq
 
 from schedlab.plan import SchedulerOutput
@@ -81,8 +82,19 @@ class StepShape:
         `pad_waste` as in `from_lens`. Sums over columns of the plan read with C-level
         getters (no per-request Python frames); a step of decodes only (the common one at
         high load) needs no per-sequence arithmetic, and the padded decode reads need the
-        contexts sorted only when padding."""
+        contexts sorted only when padding; with the engine's `plan.totals` such a step is one
+        sum over the starts."""
         scheduled = plan.scheduled
+        t = plan.totals
+        if (t is not None and pad_waste is None
+                and t.num_prefill_tokens + t.num_decode_tokens == len(scheduled)):
+            n = len(scheduled)  # NOTE: a checked plan runs >= 1 token each: here exactly 1
+            if samples is None or t.num_sampled == n:
+                if samples is not None:
+                    samples.extend(repeat(True, n))
+                kv = n + sum(map(_START, scheduled))
+                return cls(n, n, 0, t.num_sampled, kv, kv, t.num_swap_in + len(plan.swap_out),
+                           kv, kv)
         q = list(map(_NEW, scheduled))
         s = list(map(_START, scheduled))
         n, tokens, start_sum = len(q), sum(q), sum(s)
@@ -214,10 +226,19 @@ class CostModel:
     def step_cost(self, shape: StepShape, block_size: int, graphs: bool = False) -> StepCost:
         """The predicted duration of one step, by term. `graphs`: the step replays a
         captured CUDA graph instead of launching its kernels one by one."""
+        return StepCost(*self._terms(shape, block_size, graphs)[:11])
+
+    def step_time(self, shape: StepShape, block_size: int, graphs: bool = False) -> float:
+        """`step_cost(...).total`, without building the breakdown."""
+        t = self._terms(shape, block_size, graphs)
+        return t[11] + t[9] + t[10]
+
+    def _terms(self, shape: StepShape, block_size: int, graphs: bool) -> tuple[float, ...]:
+        """`StepCost`'s terms in its order, then their device sum (as `StepCost.device`)."""
         hw, spec, layers = self.hw, self.spec, self.spec.num_layers
         n = shape.num_tokens
         if not shape.num_seqs:
-            return StepCost(*(0.0,) * 11)
+            return (0.0,) * 12
         gemm = self.gemm_time(n)
         dec_kv = shape.decode_kv_tokens
         pre_pairs = shape.attn_pairs - dec_kv
@@ -240,13 +261,10 @@ class CostModel:
             swap = nbytes / self.tp / hw.host_bandwidth
         host = (hw.graph_launch_overhead if graphs
                 else self.kernels_per_step * hw.launch_overhead)
+        # NOTE: `StepCost.device`'s sum, in its order
+        device = gemm + attn_pre + attn_dec + kv_write + elem + lm_head + sampling + ar + swap
         if hw.device != "cpu":
-            device = (gemm + attn_pre + attn_dec + kv_write + elem + lm_head + sampling + ar
-                      + swap)  # NOTE: `StepCost.device`'s sum, in its order
             host = max(0.0, host - device)
-        return StepCost(gemm, attn_pre, attn_dec, kv_write, elem, lm_head, sampling, ar, swap,
-                        host, hw.step_overhead + hw.seq_overhead * shape.num_seqs
-                        + hw.prefill_overhead * shape.num_prefills)
-
-    def step_time(self, shape: StepShape, block_size: int, graphs: bool = False) -> float:
-        return self.step_cost(shape, block_size, graphs).total
+        return (gemm, attn_pre, attn_dec, kv_write, elem, lm_head, sampling, ar, swap, host,
+                hw.step_overhead + hw.seq_overhead * shape.num_seqs
+                + hw.prefill_overhead * shape.num_prefills, device)

@@ -145,16 +145,25 @@ class SimExecutor(Executor):
     def _sample(self, scheduled: list[ScheduledRequest], samples: list[bool]) -> list[int | None]:
         """The placeholder token of each request that samples: the next of the visible words,
         cycling with its output length (a request with stop ids: the next word not one)."""
+        words = self._all_words()
+        if words and all(samples):  # NOTE: the common step at high load: every sequence decodes
+            n = len(words)
+            out: list[int | None] = []
+            add = out.append
+            for sr in scheduled:
+                r = sr.request
+                if r.sampling_params.stop_token_ids:
+                    break
+                add(words[len(r.output_token_ids) % n])
+            else:
+                return out
         if any(map(_STOPS, scheduled)):
             return [self._output_token(sr.request) if s else None
                     for sr, s in zip(scheduled, samples, strict=True)]
-        words = self._all_words()
         if not words:
             return [self.placeholder if s else None for s in samples]
         n = len(words)
         counts = map(len, map(_OUTPUT, scheduled))
-        if all(samples):  # NOTE: the common step at high load: every sequence decodes
-            return [words[k % n] for k in counts]
         return [words[k % n] if s else None for k, s in zip(counts, samples, strict=True)]
 
     def _token_avoiding(self, stops: list[int]) -> int:
