@@ -105,12 +105,13 @@ class AdmissionControl:
         if not run:
             return i, budget
         tables = self.kv.allocate_next_tokens(run)
-        k = tables.index(None) if None in tables else len(run)
+        ready = tables.index(None) if None in tables else len(run)
         add = out.scheduled.append
         # NOTE: the entries up to the first request the pool was short for, built by `map`
-        out.scheduled.extend(map(ScheduledRequest, run[:k], repeat(1), starts, tables[:k]))
+        out.scheduled.extend(map(ScheduledRequest, run[:ready], repeat(1), starts,
+                                 tables[:ready]))
         num_preemptions = self.num_preemptions
-        for k in range(k, len(run)):
+        for k in range(ready, len(run)):
             req, table = run[k], tables[k]
             if table is not None:
                 add(ScheduledRequest(req, 1, req.num_computed_tokens, table))
