@@ -30,14 +30,13 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
     Raises:
         PluginContractError: one sentence naming the scheduler and the broken rule.
     """
-    where = f"scheduler {scheduler} planned step {step} with"
     if not isinstance(plan, SchedulerOutput):
         raise PluginContractError(
             f"scheduler {scheduler}: schedule() returned {type(plan).__name__}, not a "
             "SchedulerOutput; return an empty SchedulerOutput() when nothing should run")
     scheduled = plan.scheduled
     if len(scheduled) > limits.max_num_seqs:
-        raise PluginContractError(f"{where} {len(scheduled)} requests, more than "
+        raise PluginContractError(f"{_where(scheduler, step)} {len(scheduled)} requests, more than "
                                   f"max_num_seqs={limits.max_num_seqs}")
     bs = kv.block_size
     running = RequestStatus.RUNNING
@@ -51,7 +50,7 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
         num_tokens = num_prompt + len(req.output_token_ids)
         if (n < 1 or start != req.num_computed_tokens or req.status is not running
                 or end > num_tokens or len(sr.block_ids) * bs < end):
-            _explain(sr, where, bs)
+            _explain(sr, _where(scheduler, step), bs)
         if n != 1 or start < num_prompt:  # not a decode
             num_other += 1
             num_other_tokens += n
@@ -67,13 +66,19 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
         seen: set[int] = set()
         for sr in scheduled:
             if id(sr.request) in seen:
-                raise PluginContractError(f"{where} request {sr.request.request_id!r} twice; a "
-                                          "request runs at most once per step")
+                raise PluginContractError(
+                    f"{_where(scheduler, step)} request {sr.request.request_id!r} twice; a "
+                    "request runs at most once per step")
             seen.add(id(sr.request))
     if total > limits.max_num_batched_tokens:
-        raise PluginContractError(f"{where} {total} tokens, more than max_num_batched_tokens="
-                                  f"{limits.max_num_batched_tokens}")
+        raise PluginContractError(f"{_where(scheduler, step)} {total} tokens, more than "
+                                  f"max_num_batched_tokens={limits.max_num_batched_tokens}")
     return PlanTotals(num_other_tokens, num_decode, len(scheduled) - num_unsampled, swap_in, first)
+
+
+def _where(scheduler: str, step: int) -> str:
+    """The start of every `check_plan` message (built only for one)."""
+    return f"scheduler {scheduler} planned step {step} with"
 
 
 def _explain(sr: ScheduledRequest, where: str, bs: int) -> None:

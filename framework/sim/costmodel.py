@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from operator import add, attrgetter, eq
 
 from schedlab.plan import SchedulerOutput
@@ -82,19 +81,8 @@ class StepShape:
         `pad_waste` as in `from_lens`. Sums over columns of the plan read with C-level
         getters (no per-request Python frames); a step of decodes only (the common one at
         high load) needs no per-sequence arithmetic, and the padded decode reads need the
-        contexts sorted only when padding; with the engine's `plan.totals` such a step is one
-        sum over the starts."""
+        contexts sorted only when padding."""
         scheduled = plan.scheduled
-        t = plan.totals
-        if (t is not None and pad_waste is None
-                and t.num_prefill_tokens + t.num_decode_tokens == len(scheduled)):
-            n = len(scheduled)  # NOTE: a checked plan runs >= 1 token each: here exactly 1
-            if samples is None or t.num_sampled == n:
-                if samples is not None:
-                    samples.extend(repeat(True, n))
-                kv = n + sum(map(_START, scheduled))
-                return cls(n, n, 0, t.num_sampled, kv, kv, t.num_swap_in + len(plan.swap_out),
-                           kv, kv)
         q = list(map(_NEW, scheduled))
         s = list(map(_START, scheduled))
         n, tokens, start_sum = len(q), sum(q), sum(s)
@@ -113,6 +101,23 @@ class StepShape:
         padded = kv if pad_waste is None else kv - dec_kv + padded_decode_kv(dec, pad_waste)
         return cls(tokens, n, n - len(dec), sum(done), pre_pairs + dec_kv, kv,
                    sum(map(len, map(_SWAP_IN, scheduled))) + len(plan.swap_out), padded, dec_kv)
+class _DecodeShape:
+    """The `StepShape` fields `CostModel` reads, for a step of one-token sequences (see
+    `CostModel.decode_step_time`); a frozen dataclass costs more to build than its step."""
+
+    __slots__ = ("num_tokens", "num_seqs", "num_prefills", "num_sampled", "attn_pairs",
+                 "kv_tokens", "num_swapped_blocks", "padded_kv_tokens", "decode_kv_tokens")
+
+    def __init__(self, num_seqs: int, num_sampled: int, kv_tokens: int,
+                 num_swapped_blocks: int) -> None:
+        self.num_tokens = self.num_seqs = num_seqs
+        self.num_prefills = 0
+        self.num_sampled = num_sampled
+        self.attn_pairs = self.kv_tokens = self.padded_kv_tokens = kv_tokens
+        self.decode_kv_tokens = kv_tokens
+        self.num_swapped_blocks = num_swapped_blocks
+
+
 @dataclass(frozen=True, slots=True)
 class StepCost:
     """A step's predicted duration by term (seconds); `total` is their sum.
@@ -233,7 +238,18 @@ class CostModel:
         t = self._terms(shape, block_size, graphs)
         return t[11] + t[9] + t[10]
 
-    def _terms(self, shape: StepShape, block_size: int, graphs: bool) -> tuple[float, ...]:
+    def decode_step_time(self, num_seqs: int, num_sampled: int, kv_tokens: int,
+                         num_swapped_blocks: int, block_size: int, graphs: bool = False) -> float:
+        """`step_time` of `num_seqs` sequences running one token each over `kv_tokens` context
+        tokens in all, decodes unpadded (`StepShape(num_seqs, num_seqs, 0, num_sampled,
+        kv_tokens, kv_tokens, num_swapped_blocks, kv_tokens, kv_tokens)`), without building
+        the shape: the common step at high load."""
+        t = self._terms(_DecodeShape(num_seqs, num_sampled, kv_tokens, num_swapped_blocks),
+                        block_size, graphs)
+        return t[11] + t[9] + t[10]
+
+    def _terms(self, shape: StepShape | _DecodeShape, block_size: int,
+               graphs: bool) -> tuple[float, ...]:
         """`StepCost`'s terms in its order, then their device sum (as `StepCost.device`)."""
         hw, spec, layers = self.hw, self.spec, self.spec.num_layers
         n = shape.num_tokens

@@ -19,6 +19,7 @@ from schedlab.tokenizer import has_tokenizer, tiny_tokenizer_dir, visible_token_
 
 _STOPS = attrgetter("request.sampling_params.stop_token_ids")
 _OUTPUT = attrgetter("request.output_token_ids")
+_START = attrgetter("start")
 
 
 class SimExecutor(Executor):
@@ -133,19 +134,33 @@ class SimExecutor(Executor):
         self.block_size = block_size
 
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
-        samples: list[bool] = []
-        shape = StepShape.from_plan(plan, samples, self.pad_waste)
-        graphs = shape.num_prefills == 0 and shape.num_seqs <= self.graph_max_seqs
-        dt = self.cost_model.step_time(shape, self.block_size, graphs)
+        scheduled, t = plan.scheduled, plan.totals
+        n = len(scheduled)
+        if (t is not None and self.pad_waste is None and t.num_sampled == n
+                and t.num_prefill_tokens + t.num_decode_tokens == n):
+            # NOTE: every entry of a checked plan runs >= 1 token: here one each, and samples
+            kv = n + sum(map(_START, scheduled))
+            dt = self.cost_model.decode_step_time(n, n, kv, t.num_swap_in + len(plan.swap_out),
+                                                  self.block_size, n <= self.graph_max_seqs)
+            samples = None
+        else:
+            samples = []
+            shape = StepShape.from_plan(plan, samples, self.pad_waste)
+            graphs = shape.num_prefills == 0 and shape.num_seqs <= self.graph_max_seqs
+            dt = self.cost_model.step_time(shape, self.block_size, graphs)
         clock = self.clock
         assert isinstance(clock, VirtualClock), "the simulator's clock must be a VirtualClock"
         clock.advance(dt)
-        return ExecutorOutput(self._sample(plan.scheduled, samples), dt)
+        return ExecutorOutput(self._sample(scheduled, samples), dt)
 
-    def _sample(self, scheduled: list[ScheduledRequest], samples: list[bool]) -> list[int | None]:
-        """The placeholder token of each request that samples: the next of the visible words,
-        cycling with its output length (a request with stop ids: the next word not one)."""
+    def _sample(self, scheduled: list[ScheduledRequest],
+                samples: list[bool] | None) -> list[int | None]:
+        """The placeholder token of each request that samples (`samples` None: every one):
+        the next of the visible words, cycling with its output length (a request with stop
+        ids: the next word not one)."""
         words = self._all_words()
+        if samples is None:
+            samples = [True] * len(scheduled)
         if words and all(samples):  # NOTE: the common step at high load: every sequence decodes
             n = len(words)
             out: list[int | None] = []

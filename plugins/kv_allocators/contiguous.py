@@ -131,15 +131,10 @@ class ContiguousKVAllocator(KVAllocator):
 
     def usage(self) -> KVUsage:
         used_blocks = sum(n for _, n in self._regions.values())
-        return KVUsage(
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            used_blocks=used_blocks,
-            free_blocks=self._num_free,
-            cached_blocks=self.num_blocks - self._num_free - used_blocks,
-            reserved_tokens=used_blocks * self.block_size,
-            used_tokens=sum(self._tokens.values()),
-        )
+        # NOTE: positional, in the field order: asked for on every step
+        return KVUsage(self.num_blocks, self.block_size, used_blocks, self._num_free,
+                       self.num_blocks - self._num_free - used_blocks,
+                       used_blocks * self.block_size, sum(self._tokens.values()))
 
     def check_integrity(self) -> None:
         owned = 0

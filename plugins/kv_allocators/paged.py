@@ -143,15 +143,11 @@ class PagedKVAllocator(KVAllocator):
         return [] if table is None else table
 
     def usage(self) -> KVUsage:
-        return KVUsage(
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            used_blocks=self._num_used,
-            free_blocks=len(self._free),
-            cached_blocks=self.num_blocks - len(self._free) - self._num_used,
-            reserved_tokens=self._num_table_slots,
-            used_tokens=self._num_tokens,
-        )
+        free = len(self._free)
+        # NOTE: positional, in the field order: asked for on every step
+        return KVUsage(self.num_blocks, self.block_size, self._num_used, free,
+                       self.num_blocks - free - self._num_used, self._num_table_slots,
+                       self._num_tokens)
 
     def check_integrity(self) -> None:
         assert len(set(self._free)) == len(self._free), "a block is in the free pool twice"
