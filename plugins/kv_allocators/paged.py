@@ -26,9 +26,9 @@ class PagedKVAllocator(KVAllocator):
         self._tables: dict[str, list[int]] = {}
         self._tokens: dict[str, int] = {}  # request id -> tokens its table was grown for
         self._num_used = 0  # blocks with a reference
-        # running totals over all tables, so usage() needs no scan
+        # a running total over all tables (the token total is one C-level sum in usage(),
+        # cheaper than keeping it on every decode)
         self._num_table_slots = 0
-        self._num_tokens = 0
 
     def num_free_blocks(self) -> int:
         return len(self._free)
@@ -51,10 +51,8 @@ class PagedKVAllocator(KVAllocator):
         table = self._tables.get(rid)
         if table is not None and len(table) * self.block_size >= num_tokens:
             # NOTE: the common decode step: the last block still has room
-            old = self._tokens[rid]
-            if num_tokens > old:
+            if num_tokens > self._tokens[rid]:
                 self._tokens[rid] = num_tokens
-                self._num_tokens += num_tokens - old
             return []
         need = self.blocks_needed(request, num_tokens)
         if need > len(self._free):
@@ -67,17 +65,14 @@ class PagedKVAllocator(KVAllocator):
         self._num_used += need
         table.extend(new)
         self._num_table_slots += need * self.block_size
-        old = self._tokens.get(rid, 0)
-        if num_tokens > old:
+        if num_tokens > self._tokens.get(rid, 0):
             self._tokens[rid] = num_tokens
-            self._num_tokens += num_tokens - old
         return new
 
     def allocate_next_tokens(self, requests: Sequence[Request]) -> list[list[int] | None]:
         tables, tokens, bs = self._tables, self._tokens, self.block_size
         out: list[list[int] | None] = []
         add = out.append
-        gained = 0
         short = False
         for r in requests:
             rid = r.request_id
@@ -91,12 +86,9 @@ class PagedKVAllocator(KVAllocator):
                     short = True
                     add(None)
                 continue
-            old = tokens[rid]
-            if n > old:
+            if n > tokens[rid]:
                 tokens[rid] = n
-                gained += n - old
             add(table)
-        self._num_tokens += gained
         return out
 
     def share(self, request: Request, block_ids: Sequence[int]) -> None:
@@ -111,11 +103,10 @@ class PagedKVAllocator(KVAllocator):
         slots = len(block_ids) * self.block_size
         self._num_table_slots += slots
         self._tokens[request.request_id] = slots
-        self._num_tokens += slots
 
     def free(self, request: Request) -> list[int]:
         table = self._tables.pop(request.request_id, [])
-        self._num_tokens -= self._tokens.pop(request.request_id, 0)
+        self._tokens.pop(request.request_id, None)
         self._num_table_slots -= len(table) * self.block_size
         orphaned = []
         # Freed in reverse so a request's tail blocks are evicted/reused first.
@@ -147,7 +138,7 @@ class PagedKVAllocator(KVAllocator):
         # NOTE: positional, in the field order: asked for on every step
         return KVUsage(self.num_blocks, self.block_size, self._num_used, free,
                        self.num_blocks - free - self._num_used, self._num_table_slots,
-                       self._num_tokens)
+                       sum(self._tokens.values()))
 
     def check_integrity(self) -> None:
         assert len(set(self._free)) == len(self._free), "a block is in the free pool twice"
@@ -163,6 +154,5 @@ class PagedKVAllocator(KVAllocator):
         assert self._num_used == sum(1 for r in refs if r), "used-block count is stale"
         slots = sum(len(t) for t in self._tables.values()) * self.block_size
         assert self._num_table_slots == slots, "reserved-slot total is stale"
-        assert self._num_tokens == sum(self._tokens.values()), "token total is stale"
         for rid, table in self._tables.items():
             assert self._tokens[rid] <= len(table) * self.block_size, f"{rid} outgrew its table"
