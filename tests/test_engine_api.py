@@ -50,3 +50,26 @@ def test_set_clock_before_requests_runs_the_engine_on_it():
     assert e.clock is clock and a.metrics.arrival_time == 5.0 and clock.now() > 5.0
     with pytest.raises(RuntimeError, match="requests were added"):
         e.set_clock(VirtualClock())
+
+
+def test_the_plan_totals_are_the_plans_own():
+    from fakes import FakeExecutor
+
+    class Counting(FakeExecutor):
+        def execute(self, plan):
+            # NOTE: the engine set the first-scheduled times after its check: compare the rest
+            mine = plan.count_totals()._replace(num_first_runs=0)
+            self.compared.append(plan.totals._replace(num_first_runs=0) == mine)
+            return super().execute(plan)
+
+    Counting.compared = []
+    eng = Engine(EngineConfig(model="fake", scheduler="chunked_prefill", max_model_len=64,
+                              num_kv_blocks=24, block_size=4, max_num_batched_tokens=16,
+                              preemption_mode="swap", swap_space=4096 * 64),
+                 executor_cls=Counting)
+    for i in range(8):
+        eng.add_request(list(range(2 + i, 30)), SamplingParams(max_tokens=12, ignore_eos=True))
+    eng.run_until_done(check=True)
+    assert Counting.compared and all(Counting.compared)
+    assert eng.counters().num_swaps > 0
+    assert sum(s.num_decode_tokens for s in eng.step_stats) > 0

@@ -188,3 +188,34 @@ def test_decode_steps_replay_graphs_unless_eager(llama_dir, enforce_eager):
     want = eager.total if enforce_eager else ex.cost_model.step_time(shape, cfg.block_size, True)
     assert ex.execute(plan).step_time == pytest.approx(want)
     assert (ex.execute(plan).step_time < eager.total) is not enforce_eager
+
+
+class _BothWays:
+    """Costs every plan both ways: from the engine's `plan.totals` (the decode-only shortcut)
+    and from the plan itself (`StepShape.from_plan`)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.pairs: list[tuple[float, float]] = []
+        ex = engine.executor
+        execute = ex.execute
+
+        def both(plan):
+            out = execute(plan)
+            shape = StepShape.from_plan(plan, None, ex.pad_waste)
+            graphs = shape.num_prefills == 0 and shape.num_seqs <= ex.graph_max_seqs
+            self.pairs.append((out.step_time, ex.cost_model.step_time(shape, ex.block_size,
+                                                                      graphs)))
+            return out
+
+        ex.execute = both
+
+
+def test_the_decode_step_shortcut_costs_what_the_plan_does():
+    engine = Engine(EngineConfig(model="llama3_8b", num_kv_blocks=60, block_size=16,
+                                 preemption_mode="swap", max_num_seqs=24, **SIM_H100))
+    seen = _BothWays(engine)
+    work = build_workload({**WORKLOAD, "num_requests": 40}, engine.model_spec.vocab_size)
+    run_workload(engine, work)
+    assert engine.counters().num_swaps > 0
+    assert len(seen.pairs) == engine.counters().num_steps
+    assert all(a == b for a, b in seen.pairs)  # bit for bit, decode-only steps or not
