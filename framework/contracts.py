@@ -43,8 +43,11 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
     # NOTE: the hot path: one fused test per request, the message only on a violation; the
     # totals count the rare cases (no int is built per decode) and derive the rest
     num_other = num_other_tokens = num_unsampled = swap_in = first = 0
+    requests: set[object] = set()  # a Request hashes by identity
+    add = requests.add
     for sr in scheduled:
         req, n, start = sr.request, sr.num_new_tokens, sr.start
+        add(req)
         end = start + n
         num_prompt = len(req.prompt_token_ids)
         num_tokens = num_prompt + len(req.output_token_ids)
@@ -62,7 +65,7 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
             first += 1
     num_decode = len(scheduled) - num_other
     total = num_decode + num_other_tokens
-    if len({sr.request for sr in scheduled}) != len(scheduled):  # a Request hashes by identity
+    if len(requests) != len(scheduled):
         seen: set[int] = set()
         for sr in scheduled:
             if id(sr.request) in seen:
