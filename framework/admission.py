@@ -12,6 +12,7 @@ naming the queue method.
 from __future__ import annotations
 
 from itertools import islice, repeat
+from typing import cast
 
 from schedlab.faults import PluginFault
 from schedlab.kv_manager import KVCacheManager
@@ -108,8 +109,8 @@ class AdmissionControl:
         ready = tables.index(None) if None in tables else len(run)
         add = out.scheduled.append
         # NOTE: the entries up to the first request the pool was short for, built by `map`
-        out.scheduled.extend(map(ScheduledRequest, run[:ready], repeat(1), starts,
-                                 tables[:ready]))
+        held = cast("list[list[int]]", tables[:ready])
+        out.scheduled.extend(map(ScheduledRequest, run[:ready], repeat(1), starts, held))
         num_preemptions = self.num_preemptions
         for k in range(ready, len(run)):
             req, table = run[k], tables[k]

@@ -136,6 +136,7 @@ class SimExecutor(Executor):
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
         scheduled, t = plan.scheduled, plan.totals
         n = len(scheduled)
+        samples: list[bool] | None
         if (t is not None and self.pad_waste is None and t.num_sampled == n
                 and t.num_prefill_tokens + t.num_decode_tokens == n):
             # NOTE: every entry of a checked plan runs >= 1 token: here one each, and samples
