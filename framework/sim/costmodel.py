@@ -262,7 +262,8 @@ class CostModel:
         if hw.decode_pad_waste is not None and shape.padded_kv_tokens >= 0:
             dec_kv = shape.padded_kv_tokens - pre_kv
         kvb, d = self.kv_bytes_per_token_layer, spec.head_dim
-        attn_pre = layers * op.attention_prefill_time(hw, pre_pairs, pre_kv, self.heads, d, kvb)
+        attn_pre = 0.0 if pre_pairs <= 0 else layers * op.attention_prefill_time(
+            hw, pre_pairs, pre_kv, self.heads, d, kvb)  # NOTE: the function's own 0 for none
         attn_dec = layers * op.attention_decode_time(hw, dec_kv, self.heads, d, kvb)
         kv_write, elem = self.per_token_time(n)
         lm_head, sampling = self.lm_head_time(shape.num_sampled)

@@ -160,9 +160,7 @@ class SimExecutor(Executor):
         the next of the visible words, cycling with its output length (a request with stop
         ids: the next word not one)."""
         words = self._all_words()
-        if samples is None:
-            samples = [True] * len(scheduled)
-        if words and all(samples):  # NOTE: the common step at high load: every sequence decodes
+        if words and (samples is None or all(samples)):  # NOTE: the common step at high load
             n = len(words)
             out: list[int | None] = []
             add = out.append
@@ -173,6 +171,8 @@ class SimExecutor(Executor):
                 add(words[len(r.output_token_ids) % n])
             else:
                 return out
+        if samples is None:
+            samples = [True] * len(scheduled)
         if any(map(_STOPS, scheduled)):
             return [self._output_token(sr.request) if s else None
                     for sr, s in zip(scheduled, samples, strict=True)]
