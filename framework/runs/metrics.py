@@ -121,7 +121,7 @@ def compute_metrics(
         m.update(_stats(name, values, percentiles))
     m.update(engine_metrics(run))
     # per_client / per_slo_class / jain_fairness_index / service_timeline, when present
-    m.update(group_metrics(run.requests, dur, run.start_time, percentiles, slo))
+    m.update(group_metrics(stats, dur, run.start_time, percentiles, slo))
     if run.stats is None:  # NOTE: a streaming run (`driver.save_detailed=false`) has none
         m.update(input_lens=stats.num_input[done].tolist(),
                  output_lens=stats.num_output[done].tolist(), ttfts=ttfts.tolist(),
