@@ -164,7 +164,7 @@ def group_metrics(stats: RequestStats, duration: float, start_time: float,
     """
     out: dict[str, Any] = {}
     filed = stats.filed
-    by_client = _split(filed, stats.client[filed], stats.client_names())
+    by_client = client_groups(stats)
     if by_client:
         out["per_client"] = {c: _group(stats, pos, duration, percentiles, slo, weights)
                              for c, pos in by_client.items()}
@@ -212,6 +212,13 @@ def service_timeline(stats: RequestStats, by_client: Mapping[str, np.ndarray],
         np.add.at(acc, bins, amounts)
         series[c] = (acc / width).tolist()
     return {"t_s": [(i + 1) * width for i in range(num_bins)], "clients": series}
+
+
+def client_groups(stats: RequestStats) -> dict[str, np.ndarray]:
+    """The filed requests' positions by client (`NONE`: none), names sorted; empty when no
+    request has a client."""
+    filed = stats.filed
+    return _split(filed, stats.client[filed], stats.client_names())
 
 
 def _split(positions: np.ndarray, codes: np.ndarray, names: Sequence[str]
