@@ -128,7 +128,7 @@ def _spread(ef: Events, eg: Events, a: float, b: float) -> float:
     sub-interval."""
     parts_t, parts_v = [], []
     for (t, v), sign in ((ef, 1.0), (eg, -1.0)):
-        keep = (t > a) & (t <= b)
+        keep = slice(*np.searchsorted(t, (a, b), side="right"))  # a < t <= b: t is sorted
         parts_t.append(t[keep])
         parts_v.append(sign * v[keep])
     t = np.concatenate(parts_t)
