@@ -193,6 +193,22 @@ def test_a_streaming_run_gives_the_summary_of_a_detailed_one(layout, kind):
         assert {"per_client", "jain_fairness_index", "service_timeline"} <= set(streamed)
 
 
+def test_the_summary_does_not_depend_on_the_chunks_token_times_are_read_in(monkeypatch):
+    """Token times are read in chunks of whole requests and the service difference is scanned
+    window by window (to bound memory on long runs): chunks of one request and windows of a
+    few events give the same summary, to the last bit."""
+    import schedlab.runs.groups as groups
+    import schedlab.runs.request_stats as request_stats
+
+    run = run_workload(Cluster(ClusterConfig(num_instances=2), sim()),
+                       workload("clients_slo_priorities"), save_detailed=False)
+    whole = compute_metrics(run, slo={"ttft": 30.0})
+    monkeypatch.setattr(request_stats, "CHUNK_TOKENS", 1)
+    monkeypatch.setattr(groups, "SPREAD_WINDOW", 3)
+    assert compute_metrics(run, slo={"ttft": 30.0}) == whole
+    assert whole["max_service_difference"] > 0 and whole["max_output_tokens_per_s"] > 0
+
+
 def test_a_cluster_that_drops_sessions_fails_the_checks(monkeypatch):
     """The planted divergence: replicas that route a later turn with its message only (as the
     old cluster loop did) break the same checks the real paths pass."""

@@ -39,6 +39,8 @@ SERVICE_WEIGHTS = (1.0, 2.0)
 NUM_TIMELINE_BINS = 40
 #: the group of requests without a client id or SLO class
 NONE = "<none>"
+#: events per window of the service-difference scan (bounds its temporaries)
+SPREAD_WINDOW = 1 << 20
 
 Intervals = list[tuple[float, float]]
 #: (times, weighted tokens served at each time), sorted by time
@@ -75,12 +77,13 @@ def service_events(stats: RequestStats, positions: np.ndarray,
     """The service of the requests at `positions`: `weights[1]` at each token's time, plus
     `weights[0]` per prompt token at each request's first token (its prompt served)."""
     served = positions[stats.num_tokens[positions] > 0]
-    counts = stats.num_tokens[served]
     t = stats.token_times(served)
-    v = np.full(len(t), weights[1], dtype=float)
-    v[np.cumsum(counts) - counts] += weights[0] * stats.num_input[served]
     order = np.argsort(t, kind="stable")
-    return t[order], v[order]
+    t = t[order]
+    v = np.full(len(t), weights[1], dtype=float)
+    counts = stats.num_tokens[served]
+    v[np.cumsum(counts) - counts] += weights[0] * stats.num_input[served]
+    return t, v[order]
 
 
 def service_rates(spans: Mapping[str, Intervals], events: Mapping[str, Events]
@@ -126,22 +129,31 @@ def _intersect(x: Intervals, y: Intervals) -> Intervals:
 def _spread(ef: Events, eg: Events, a: float, b: float) -> float:
     """max - min over t in [a, b] of W_f(a, t) - W_g(a, t): the largest |difference| over any
     sub-interval."""
-    parts_t, parts_v = [], []
-    for (t, v), sign in ((ef, 1.0), (eg, -1.0)):
-        keep = slice(*np.searchsorted(t, (a, b), side="right"))  # a < t <= b: t is sorted
-        parts_t.append(t[keep])
-        parts_v.append(sign * v[keep])
-    t = np.concatenate(parts_t)
-    if not len(t):
+    (tf, vf), (tg, vg) = ef, eg
+    f, f_end = np.searchsorted(tf, (a, b), side="right")  # a < t <= b: the times are sorted
+    g, g_end = np.searchsorted(tg, (a, b), side="right")
+    if f == f_end and g == g_end:
         return 0.0
-    v = np.concatenate(parts_v)
-    # NOTE: service at one instant (one step) counts at once: no spike between two clients'
-    # tokens of the same step
-    times, first = np.unique(t, return_inverse=True)
-    per_time = np.zeros(len(times))
-    np.add.at(per_time, first, v)
-    d = np.concatenate([[0.0], np.cumsum(per_time)])
-    return float(d.max() - d.min())
+    total = top = bottom = 0.0
+    while f < f_end or g < g_end:
+        # NOTE: window by window of time, each holding every event of its last instant, so a
+        # window's temporaries stay small; the running sum goes on across windows
+        cut = min([b, *([tf[f + SPREAD_WINDOW]] if f_end - f > SPREAD_WINDOW else []),
+                   *([tg[g + SPREAD_WINDOW]] if g_end - g > SPREAD_WINDOW else [])])
+        f_next = min(f_end, int(np.searchsorted(tf, cut, side="right")))
+        g_next = min(g_end, int(np.searchsorted(tg, cut, side="right")))
+        t = np.concatenate([tf[f:f_next], tg[g:g_next]])
+        v = np.concatenate([vf[f:f_next], -1.0 * vg[g:g_next]])
+        # NOTE: service at one instant (one step) counts at once: no spike between two
+        # clients' tokens of the same step
+        times, first = np.unique(t, return_inverse=True)
+        per_time = np.zeros(len(times) + 1)
+        per_time[0] = total
+        np.add.at(per_time[1:], first, v)
+        d = np.cumsum(per_time)
+        total, top, bottom = float(d[-1]), max(top, float(d.max())), min(bottom, float(d.min()))
+        f, g = f_next, g_next
+    return top - bottom
 
 
 def group_metrics(stats: RequestStats, duration: float, start_time: float,
@@ -195,21 +207,22 @@ def service_timeline(stats: RequestStats, by_client: Mapping[str, np.ndarray],
     series = {}
     for c, positions in by_client.items():
         served = positions[stats.num_tokens[positions] > 0]
-        counts = stats.num_tokens[served]
-        t = stats.token_times(served)
-        b = np.clip(((t - start_time) / width).astype(int), 0, num_bins - 1)
-        # NOTE: credited request by request, its tokens then its prompt at its first token's
-        # bin: one order of the float sums, whichever path filed the requests
-        ends = np.cumsum(counts)
-        tokens = np.arange(len(t)) + np.repeat(np.arange(len(served)), counts)
-        prompts = ends + np.arange(len(served))
-        bins = np.empty(len(t) + len(served), np.intp)
-        amounts = np.empty(len(bins))
-        bins[tokens], amounts[tokens] = b, weights[1]
-        bins[prompts] = b[ends - counts]
-        amounts[prompts] = weights[0] * stats.num_input[served]
         acc = np.zeros(num_bins)
-        np.add.at(acc, bins, amounts)
+        done = 0
+        for t, counts in stats.token_chunks(served):
+            num_input = stats.num_input[served[done:done + len(counts)]]
+            done += len(counts)
+            b = np.clip(((t - start_time) / width).astype(int), 0, num_bins - 1)
+            # NOTE: credited request by request, its tokens then its prompt at its first
+            # token's bin: one order of the float sums, whichever path filed the requests
+            ends = np.cumsum(counts)
+            tokens = np.arange(len(t)) + np.repeat(np.arange(len(counts)), counts)
+            prompts = ends + np.arange(len(counts))
+            bins = np.empty(len(t) + len(counts), np.intp)
+            amounts = np.empty(len(bins))
+            bins[tokens], amounts[tokens] = b, weights[1]
+            bins[prompts], amounts[prompts] = b[ends - counts], weights[0] * num_input
+            np.add.at(acc, bins, amounts)
         series[c] = (acc / width).tolist()
     return {"t_s": [(i + 1) * width for i in range(num_bins)], "clients": series}
 

@@ -8,7 +8,7 @@ and the group figures (`schedlab.runs.groups`) read only this, so both give the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -19,6 +19,8 @@ from schedlab.runs.groups import is_completed, since_arrival
 OPEN, COMPLETED, REJECTED, FAILED = 0, 1, 2, 3
 #: `RequestStats.client` / `slo_class` of a request without one
 NO_GROUP = -1
+#: tokens per chunk of `RequestStats.token_chunks`
+CHUNK_TOKENS = 1 << 20
 
 
 class RequestStats:
@@ -136,12 +138,30 @@ class RequestStats:
         """SLO classes by code (`slo_class`)."""
         return list(self._slo_class_codes)
 
+    def token_chunks(self, positions: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The token times of the requests at `positions`, request after request, in chunks
+        of whole requests of about `CHUNK_TOKENS` tokens (so that reading them costs no
+        index arrays of the run's size): (times, each request's token count) per chunk."""
+        counts = self.num_tokens[positions]
+        ends = np.cumsum(counts)
+        lo = 0
+        while lo < len(positions):
+            limit = ends[lo] - counts[lo] + CHUNK_TOKENS
+            hi = max(lo + 1, int(np.searchsorted(ends, limit, side="right")))
+            c = counts[lo:hi]
+            before = np.cumsum(c) - c
+            idx = np.repeat(self.token_at[positions[lo:hi]] - before, c) + np.arange(int(c.sum()))
+            yield self._times[idx], c
+            lo = hi
+
     def token_times(self, positions: np.ndarray) -> np.ndarray:
         """The token times of the requests at `positions`, request after request."""
-        counts = self.num_tokens[positions]
-        before = np.cumsum(counts) - counts
-        idx = np.repeat(self.token_at[positions] - before, counts) + np.arange(int(counts.sum()))
-        return self._times[idx]
+        out = np.empty(int(self.num_tokens[positions].sum()))
+        at = 0
+        for times, _ in self.token_chunks(positions):
+            out[at:at + len(times)] = times
+            at += len(times)
+        return out
 
     def tpots(self, done: np.ndarray) -> np.ndarray:
         """TPOT of the completed requests `done` (NaN for one-token outputs)."""
@@ -152,13 +172,17 @@ class RequestStats:
 
     def pooled_itls(self, done: np.ndarray) -> np.ndarray:
         """Every inter-token gap of the completed requests `done`, request after request."""
-        times = self.token_times(done)
-        gaps = np.diff(times)
-        # NOTE: the difference across two requests' tokens is no gap: drop each request's last
-        ends = np.cumsum(self.num_tokens[done])[:-1]
-        keep = np.ones(len(gaps), bool)
-        keep[ends - 1] = False
-        return gaps[keep]
+        out = np.empty(int(self.num_tokens[done].sum()) - len(done))
+        at = 0
+        for times, counts in self.token_chunks(done):
+            gaps = np.diff(times)
+            # NOTE: the difference across two requests' tokens is no gap: drop each one's last
+            keep = np.ones(len(gaps), bool)
+            keep[np.cumsum(counts)[:-1] - 1] = False
+            n = len(gaps) - len(counts) + 1
+            out[at:at + n] = gaps[keep]
+            at += n
+        return out
 
     def itls(self, done: np.ndarray) -> list[list[float]]:
         """Each completed request's gaps, as lists."""
@@ -188,11 +212,15 @@ class RequestStats:
     def peak_output_rate(self) -> float:
         """The most output tokens of completed requests in one whole second of the run
         (vLLM's `max_output_tokens_per_s`)."""
-        times = self.token_times(self.completed)
-        if not len(times):
-            return 0.0
-        seconds = np.floor(times - self.start_time).astype(np.int64)
-        return float(np.bincount(seconds - seconds.min()).max())
+        counts, first = np.zeros(0, np.int64), 0
+        for times, _ in self.token_chunks(self.completed):
+            seconds = np.floor(times - self.start_time).astype(np.int64)
+            lo = min(first, int(seconds.min())) if len(counts) else int(seconds.min())
+            hi = max(first + len(counts), int(seconds.max()) + 1)
+            grown = np.bincount(seconds - lo, minlength=hi - lo)
+            grown[first - lo: first - lo + len(counts)] += counts
+            counts, first = grown, lo
+        return float(counts.max()) if len(counts) else 0.0
 
     def peak_in_flight(self) -> int:
         """The most ended requests in flight at once, arrival to end (an end at t and an
