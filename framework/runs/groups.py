@@ -24,7 +24,7 @@ requests is in the system (the union of its requests' [arrival, end] intervals).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -43,8 +43,23 @@ NONE = "<none>"
 SPREAD_WINDOW = 1 << 20
 
 Intervals = list[tuple[float, float]]
-#: (times, weighted tokens served at each time), sorted by time
-Events = tuple[np.ndarray, np.ndarray]
+
+
+class Events(NamedTuple):
+    """A client's service: `weight` at each of `times` (sorted), plus `credit[i]` at
+    `times[first[i]]` (a request's prompt, at its first token); `first` is sorted."""
+
+    times: np.ndarray
+    first: np.ndarray
+    credit: np.ndarray
+    weight: float
+
+    def amounts(self, lo: int, hi: int) -> np.ndarray:
+        """The weighted tokens served at `times[lo:hi]`."""
+        v = np.full(hi - lo, self.weight, dtype=float)
+        i, j = np.searchsorted(self.first, (lo, hi))
+        v[self.first[i:j] - lo] += self.credit[i:j]
+        return v
 
 
 def jain_index(values: Iterable[float]) -> float | None:
@@ -79,11 +94,14 @@ def service_events(stats: RequestStats, positions: np.ndarray,
     served = positions[stats.num_tokens[positions] > 0]
     t = stats.token_times(served)
     order = np.argsort(t, kind="stable")
-    t = t[order]
-    v = np.full(len(t), weights[1], dtype=float)
     counts = stats.num_tokens[served]
-    v[np.cumsum(counts) - counts] += weights[0] * stats.num_input[served]
-    return t, v[order]
+    rank = np.empty(len(order), np.intp)
+    rank[order] = np.arange(len(order))
+    first = rank[np.cumsum(counts) - counts]  # where each request's first token sorts to
+    del rank
+    by_time = np.argsort(first)
+    return Events(t[order], first[by_time],
+                  (weights[0] * stats.num_input[served])[by_time], weights[1])
 
 
 def service_rates(spans: Mapping[str, Intervals], events: Mapping[str, Events]
@@ -94,7 +112,8 @@ def service_rates(spans: Mapping[str, Intervals], events: Mapping[str, Events]
     for c, intervals in spans.items():
         busy = sum(b - a for a, b in intervals)
         if busy > 0:
-            out[c] = float(events[c][1].sum()) / busy
+            e = events[c]
+            out[c] = float(e.amounts(0, len(e.times)).sum()) / busy
     return out
 
 
@@ -129,7 +148,7 @@ def _intersect(x: Intervals, y: Intervals) -> Intervals:
 def _spread(ef: Events, eg: Events, a: float, b: float) -> float:
     """max - min over t in [a, b] of W_f(a, t) - W_g(a, t): the largest |difference| over any
     sub-interval."""
-    (tf, vf), (tg, vg) = ef, eg
+    tf, tg = ef.times, eg.times
     f, f_end = np.searchsorted(tf, (a, b), side="right")  # a < t <= b: the times are sorted
     g, g_end = np.searchsorted(tg, (a, b), side="right")
     if f == f_end and g == g_end:
@@ -143,7 +162,7 @@ def _spread(ef: Events, eg: Events, a: float, b: float) -> float:
         f_next = min(f_end, int(np.searchsorted(tf, cut, side="right")))
         g_next = min(g_end, int(np.searchsorted(tg, cut, side="right")))
         t = np.concatenate([tf[f:f_next], tg[g:g_next]])
-        v = np.concatenate([vf[f:f_next], -1.0 * vg[g:g_next]])
+        v = np.concatenate([ef.amounts(f, f_next), -1.0 * eg.amounts(g, g_next)])
         # NOTE: service at one instant (one step) counts at once: no spike between two
         # clients' tokens of the same step
         times, first = np.unique(t, return_inverse=True)
