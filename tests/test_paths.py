@@ -13,7 +13,6 @@ from schedlab.cluster import Cluster, ClusterConfig
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.faults import PluginContractError
-from schedlab.runs.distributions import WorkloadError
 from schedlab.runs.driver import run_workload
 from schedlab.runs.metrics import compute_metrics
 from schedlab.runs.request_stats import RequestStats
@@ -150,19 +149,27 @@ def test_cluster_kv_use_and_running_seats_are_the_whole_clusters():
 
 #: results.json keys that hold one entry per request (a streaming run writes none)
 PER_REQUEST = {"input_lens", "output_lens", "ttfts", "tpots", "e2els", "itls", "errors"}
+#: the figures of a workload with clients, SLO classes and deadlines
+GROUPS = {"per_client", "jain_fairness_index", "max_service_difference", "service_timeline",
+          "per_slo_class", "deadline_attainment"}
 
 
 @pytest.mark.parametrize("layout", [None, {"num_instances": 2},
                                     {"num_instances": None, "prefill_instances": 1,
                                      "decode_instances": 1}])
-@pytest.mark.parametrize("kind", ["synthetic", "sessions", "shared_prefix"])
+@pytest.mark.parametrize("kind", ["synthetic", "sessions", "shared_prefix",
+                                  "clients_slo_priorities", "sessions_with_clients"])
 def test_a_streaming_run_gives_the_summary_of_a_detailed_one(layout, kind):
     """driver.save_detailed=false: every summary key of the detailed run with the same value
-    (latency statistics, throughputs, goodput, peaks), no per-request list, and no request
-    left in an engine; a max_concurrency cap and a rejected request included."""
+    (latency statistics, throughputs, goodput, peaks; per client and per SLO class, fairness,
+    the service timeline and deadlines), no per-request list, and no request left in an
+    engine; a max_concurrency cap, a rejected request and requests of no client or SLO class
+    included."""
     def go(detailed: bool):
         wl = workload(kind)
         wl[1].prompt_token_ids = list(range(2, 10_000))  # past max_model_len: rejected
+        for w in wl[::5]:
+            w.client_id = w.slo_class = w.deadline_ms = None
         ec = sim()
         target = Engine(ec) if layout is None else Cluster(ClusterConfig(**layout), ec)
         run = run_workload(target, wl, max_concurrency=5, save_detailed=detailed)
@@ -178,11 +185,28 @@ def test_a_streaming_run_gives_the_summary_of_a_detailed_one(layout, kind):
     for key in set(streamed) - wall:
         assert streamed[key] == full[key], key
     assert all(not e.requests for e in engines)
+    if kind == "clients_slo_priorities":
+        assert GROUPS <= set(streamed)
+        assert set(streamed["per_client"]) == {"<none>", "heavy", "light"}
+        assert set(streamed["per_slo_class"]) == {"<none>", "batch", "chat"}
+    if kind == "sessions_with_clients":
+        assert {"per_client", "jain_fairness_index", "service_timeline"} <= set(streamed)
 
 
-def test_a_streaming_run_refuses_the_metrics_that_need_every_request():
-    with pytest.raises(WorkloadError, match="driver.save_detailed"):
-        run_workload(Engine(sim()), workload("clients_slo_priorities"), save_detailed=False)
+def test_the_summary_does_not_depend_on_the_chunks_token_times_are_read_in(monkeypatch):
+    """Token times are read in chunks of whole requests and the service difference is scanned
+    window by window (to bound memory on long runs): chunks of one request and windows of a
+    few events give the same summary, to the last bit."""
+    import schedlab.runs.groups as groups
+    import schedlab.runs.request_stats as request_stats
+
+    run = run_workload(Cluster(ClusterConfig(num_instances=2), sim()),
+                       workload("clients_slo_priorities"), save_detailed=False)
+    whole = compute_metrics(run, slo={"ttft": 30.0})
+    monkeypatch.setattr(request_stats, "CHUNK_TOKENS", 1)
+    monkeypatch.setattr(groups, "SPREAD_WINDOW", 3)
+    assert compute_metrics(run, slo={"ttft": 30.0}) == whole
+    assert whole["max_service_difference"] > 0 and whole["max_output_tokens_per_s"] > 0
 
 
 def test_a_cluster_that_drops_sessions_fails_the_checks(monkeypatch):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from schedlab.request import SamplingParams
-from schedlab.runs.distributions import WorkloadError, WorkloadRequest
+from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.run_result import RunResult
 
 if TYPE_CHECKING:
@@ -45,10 +45,11 @@ def run_workload(
         request_ids: each request's id, aligned with `workload` (None: counted).
         check: run `check_integrity()` after every step (tests).
         save_detailed: keep every request (`RunResult.requests`); False streams: each
-            request is reduced to the numbers the summary metrics need (`RunResult.stats`)
-            when it ends and forgotten, so a run's memory no longer grows with its
-            requests' tokens (no per-request lists in the metrics, no per-client or per-SLO
-            class groups).
+            request is reduced to the numbers the summary metrics need (`RunResult.stats`:
+            its timestamps, token counts, token times, client, SLO class and deadline) when
+            it ends and forgotten, so a run keeps 8 bytes per token and a few numbers per
+            request instead of the requests (the same summary, per-client, per-SLO-class
+            and fairness figures included; no per-request lists in the metrics).
 
     Returns:
         The run: every request finished or rejected, in workload order, with its timestamps
@@ -57,8 +58,6 @@ def run_workload(
     Raises:
         ValueError: `max_concurrency` below 1, `params` or `request_ids` of the wrong length,
             or a session's turns out of order.
-        WorkloadError: `save_detailed=False` with requests that carry a client, an SLO class
-            or a deadline (their group metrics need every request).
         RuntimeError: requests are outstanding and no instance can make progress (a plugin
             lost or stalls them), within `schedlab.cluster.loop.MAX_STALLED_STEPS` steps.
     """
@@ -71,14 +70,6 @@ def run_workload(
     if params is None:
         params = [SamplingParams(temperature=temperature, max_tokens=w.max_tokens,
                                  ignore_eos=ignore_eos) for w in workload]
-    if not save_detailed:
-        grouped = next((w for w in workload if w.client_id is not None
-                        or w.slo_class is not None or w.deadline_ms is not None), None)
-        if grouped is not None:
-            raise WorkloadError(
-                "driver.save_detailed=false keeps no per-request records, and per-client, "
-                "per-SLO-class and deadline metrics need them; this workload's requests carry "
-                "a client, an SLO class or a deadline: set driver.save_detailed=true")
     cluster = target if isinstance(target, Cluster) else Cluster.around(target)
     loop = RunLoop(cluster, list(workload), params, request_ids, max_concurrency, check,
                    stream=not save_detailed)

@@ -24,11 +24,14 @@ requests is in the system (the union of its requests' [arrival, end] intervals).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from schedlab.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from schedlab.runs.request_stats import RequestStats
 
 #: the default service weights (VTC's w_p and w_q)
 SERVICE_WEIGHTS = (1.0, 2.0)
@@ -36,8 +39,27 @@ SERVICE_WEIGHTS = (1.0, 2.0)
 NUM_TIMELINE_BINS = 40
 #: the group of requests without a client id or SLO class
 NONE = "<none>"
+#: events per window of the service-difference scan (bounds its temporaries)
+SPREAD_WINDOW = 1 << 20
 
 Intervals = list[tuple[float, float]]
+
+
+class Events(NamedTuple):
+    """A client's service: `weight` at each of `times` (sorted), plus `credit[i]` at
+    `times[first[i]]` (a request's prompt, at its first token); `first` is sorted."""
+
+    times: np.ndarray
+    first: np.ndarray
+    credit: np.ndarray
+    weight: float
+
+    def amounts(self, lo: int, hi: int) -> np.ndarray:
+        """The weighted tokens served at `times[lo:hi]`."""
+        v = np.full(hi - lo, self.weight, dtype=float)
+        i, j = np.searchsorted(self.first, (lo, hi))
+        v[self.first[i:j] - lo] += self.credit[i:j]
+        return v
 
 
 def jain_index(values: Iterable[float]) -> float | None:
@@ -48,12 +70,12 @@ def jain_index(values: Iterable[float]) -> float | None:
     return float(x.sum() ** 2 / (len(x) * sq)) if len(x) and sq > 0 else None
 
 
-def backlog(requests: Sequence[Request], end: float) -> Intervals:
-    """The union of the requests' [arrival, end] intervals, sorted and disjoint (`end` for a
-    request that has not ended)."""
-    spans = sorted((r.metrics.arrival_time,
-                    end if r.metrics.finished_time is None else r.metrics.finished_time)
-                   for r in requests)
+def backlog(stats: RequestStats, positions: np.ndarray, end: float) -> Intervals:
+    """The union of the [arrival, end] intervals of the requests at `positions`, sorted and
+    disjoint (`end` for a request that never ended)."""
+    finished = stats.finished[positions]
+    ends = np.where(np.isnan(finished), end, finished)
+    spans = sorted(zip(stats.arrival[positions].tolist(), ends.tolist(), strict=True))
     out: Intervals = []
     for a, b in spans:
         if b <= a:
@@ -65,44 +87,43 @@ def backlog(requests: Sequence[Request], end: float) -> Intervals:
     return out
 
 
-def service_events(requests: Sequence[Request],
-                   weights: Sequence[float] = SERVICE_WEIGHTS) -> tuple[np.ndarray, np.ndarray]:
-    """(times, weighted tokens served at each time), sorted by time."""
-    times: list[float] = []
-    amounts: list[float] = []
-    for r in requests:
-        tt = r.metrics.token_times
-        if not tt:
-            continue
-        times += tt
-        amounts += [weights[1]] * len(tt)
-        amounts[len(amounts) - len(tt)] += weights[0] * r.num_prompt_tokens
-    t = np.asarray(times, dtype=float)
+def service_events(stats: RequestStats, positions: np.ndarray,
+                   weights: Sequence[float] = SERVICE_WEIGHTS) -> Events:
+    """The service of the requests at `positions`: `weights[1]` at each token's time, plus
+    `weights[0]` per prompt token at each request's first token (its prompt served)."""
+    served = positions[stats.num_tokens[positions] > 0]
+    t = stats.token_times(served)
     order = np.argsort(t, kind="stable")
-    return t[order], np.asarray(amounts, dtype=float)[order]
+    counts = stats.num_tokens[served]
+    rank = np.empty(len(order), np.intp)
+    rank[order] = np.arange(len(order))
+    first = rank[np.cumsum(counts) - counts]  # where each request's first token sorts to
+    del rank
+    by_time = np.argsort(first)
+    return Events(t[order], first[by_time],
+                  (weights[0] * stats.num_input[served])[by_time], weights[1])
 
 
-def service_rates(by_client: Mapping[str, Sequence[Request]], end: float,
-                  weights: Sequence[float] = SERVICE_WEIGHTS) -> dict[str, float]:
+def service_rates(spans: Mapping[str, Intervals], events: Mapping[str, Events]
+                  ) -> dict[str, float]:
     """Each client's weighted tokens served per second of its backlog (clients never
     backlogged, e.g. all rejected on arrival, are left out)."""
     out = {}
-    for c, reqs in by_client.items():
-        busy = sum(b - a for a, b in backlog(reqs, end))
+    for c, intervals in spans.items():
+        busy = sum(b - a for a, b in intervals)
         if busy > 0:
-            out[c] = float(service_events(reqs, weights)[1].sum()) / busy
+            e = events[c]
+            out[c] = float(e.amounts(0, len(e.times)).sum()) / busy
     return out
 
 
-def max_service_difference(by_client: Mapping[str, Sequence[Request]], end: float,
-                           weights: Sequence[float] = SERVICE_WEIGHTS) -> float | None:
+def max_service_difference(spans: Mapping[str, Intervals], events: Mapping[str, Events]
+                           ) -> float | None:
     """VTC's maximum service difference between two backlogged clients (see the module
     docstring), in weighted tokens. None with fewer than two clients."""
-    clients = sorted(by_client)
+    clients = sorted(spans)
     if len(clients) < 2:
         return None
-    spans = {c: backlog(by_client[c], end) for c in clients}
-    events = {c: service_events(by_client[c], weights) for c in clients}
     best = 0.0
     for i, f in enumerate(clients):
         for g in clients[i + 1:]:
@@ -124,40 +145,42 @@ def _intersect(x: Intervals, y: Intervals) -> Intervals:
     return out
 
 
-def _spread(ef: tuple[np.ndarray, np.ndarray], eg: tuple[np.ndarray, np.ndarray],
-            a: float, b: float) -> float:
+def _spread(ef: Events, eg: Events, a: float, b: float) -> float:
     """max - min over t in [a, b] of W_f(a, t) - W_g(a, t): the largest |difference| over any
     sub-interval."""
-    parts_t, parts_v = [], []
-    for (t, v), sign in ((ef, 1.0), (eg, -1.0)):
-        keep = (t > a) & (t <= b)
-        parts_t.append(t[keep])
-        parts_v.append(sign * v[keep])
-    t = np.concatenate(parts_t)
-    if not len(t):
+    tf, tg = ef.times, eg.times
+    f, f_end = np.searchsorted(tf, (a, b), side="right")  # a < t <= b: the times are sorted
+    g, g_end = np.searchsorted(tg, (a, b), side="right")
+    if f == f_end and g == g_end:
         return 0.0
-    v = np.concatenate(parts_v)
-    # NOTE: service at one instant (one step) counts at once: no spike between two clients'
-    # tokens of the same step
-    times, first = np.unique(t, return_inverse=True)
-    per_time = np.zeros(len(times))
-    np.add.at(per_time, first, v)
-    d = np.concatenate([[0.0], np.cumsum(per_time)])
-    return float(d.max() - d.min())
+    total = top = bottom = 0.0
+    while f < f_end or g < g_end:
+        # NOTE: window by window of time, each holding every event of its last instant, so a
+        # window's temporaries stay small; the running sum goes on across windows
+        cut = min([b, *([tf[f + SPREAD_WINDOW]] if f_end - f > SPREAD_WINDOW else []),
+                   *([tg[g + SPREAD_WINDOW]] if g_end - g > SPREAD_WINDOW else [])])
+        f_next = min(f_end, int(np.searchsorted(tf, cut, side="right")))
+        g_next = min(g_end, int(np.searchsorted(tg, cut, side="right")))
+        t = np.concatenate([tf[f:f_next], tg[g:g_next]])
+        v = np.concatenate([ef.amounts(f, f_next), -1.0 * eg.amounts(g, g_next)])
+        # NOTE: service at one instant (one step) counts at once: no spike between two
+        # clients' tokens of the same step
+        times, first = np.unique(t, return_inverse=True)
+        per_time = np.zeros(len(times) + 1)
+        per_time[0] = total
+        np.add.at(per_time[1:], first, v)
+        d = np.cumsum(per_time)
+        total, top, bottom = float(d[-1]), max(top, float(d.max())), min(bottom, float(d.min()))
+        f, g = f_next, g_next
+    return top - bottom
 
 
-def service(request: Request, weights: Sequence[float] = SERVICE_WEIGHTS) -> float:
-    """Weighted tokens served to one request so far."""
-    if not request.metrics.token_times:
-        return 0.0
-    return weights[0] * request.num_prompt_tokens + weights[1] * request.num_output_tokens
-
-
-def group_metrics(requests: Sequence[Request], duration: float, start_time: float,
+def group_metrics(stats: RequestStats, duration: float, start_time: float,
                   percentiles: Sequence[float] = (50, 90, 99),
                   slo: Mapping[str, float] | None = None,
                   weights: Sequence[float] = SERVICE_WEIGHTS) -> dict[str, Any]:
-    """Per-client and per-SLO-class summaries, present only when the workload has them.
+    """Per-client and per-SLO-class summaries of the filed requests, present only when the
+    workload has them.
 
     Returns:
         `per_client` / `per_slo_class`: name -> {num_requests, completed, num_rejected,
@@ -171,47 +194,78 @@ def group_metrics(requests: Sequence[Request], duration: float, start_time: floa
         `deadline_attainment` over all requests with a deadline.
     """
     out: dict[str, Any] = {}
-    if any(r.client_id is not None for r in requests):
-        by_client = _split(requests, "client_id")
-        out["per_client"] = {c: _group(rs, duration, percentiles, slo, weights)
-                             for c, rs in by_client.items()}
+    filed = stats.filed
+    by_client = client_groups(stats)
+    if by_client:
+        out["per_client"] = {c: _group(stats, pos, duration, percentiles, slo, weights)
+                             for c, pos in by_client.items()}
         end = start_time + duration
-        out["jain_fairness_index"] = jain_index(service_rates(by_client, end, weights).values())
-        out["max_service_difference"] = max_service_difference(by_client, end, weights)
-        out["service_timeline"] = service_timeline(by_client, duration, start_time, weights)
-    if any(r.slo_class is not None for r in requests):
-        out["per_slo_class"] = {c: _group(rs, duration, percentiles, slo, weights)
-                                for c, rs in _split(requests, "slo_class").items()}
-    with_deadline = [r for r in requests if r.deadline_ms is not None]
-    if with_deadline:
-        out["deadline_attainment"] = sum(map(_met_deadline, with_deadline)) / len(with_deadline)
+        spans = {c: backlog(stats, pos, end) for c, pos in by_client.items()}
+        events = {c: service_events(stats, pos, weights) for c, pos in by_client.items()}
+        out["jain_fairness_index"] = jain_index(service_rates(spans, events).values())
+        out["max_service_difference"] = max_service_difference(spans, events)
+        out["service_timeline"] = service_timeline(stats, by_client, duration, start_time,
+                                                   weights)
+    by_class = _split(filed, stats.slo_class[filed], stats.slo_class_names())
+    if by_class:
+        out["per_slo_class"] = {c: _group(stats, pos, duration, percentiles, slo, weights)
+                                for c, pos in by_class.items()}
+    with_deadline = filed[~np.isnan(stats.deadline_ms[filed])]
+    if len(with_deadline):
+        out["deadline_attainment"] = _num_met_deadline(stats, with_deadline) / len(with_deadline)
     return out
 
 
-def service_timeline(by_client: Mapping[str, Sequence[Request]], duration: float,
-                     start_time: float, weights: Sequence[float] = SERVICE_WEIGHTS,
+def service_timeline(stats: RequestStats, by_client: Mapping[str, np.ndarray],
+                     duration: float, start_time: float,
+                     weights: Sequence[float] = SERVICE_WEIGHTS,
                      num_bins: int = NUM_TIMELINE_BINS) -> dict[str, Any]:
-    """Service per second each client received in `num_bins` equal bins of the run."""
+    """Service per second each client (its requests at `by_client[name]`) received in
+    `num_bins` equal bins of the run."""
     width = duration / num_bins if duration > 0 else 1.0
     series = {}
-    for c, reqs in by_client.items():
+    for c, positions in by_client.items():
+        served = positions[stats.num_tokens[positions] > 0]
         acc = np.zeros(num_bins)
-        for r in reqs:
-            times = r.metrics.token_times
-            if not times:
-                continue
-            b = np.clip(((np.asarray(times) - start_time) / width).astype(int), 0, num_bins - 1)
-            np.add.at(acc, b, weights[1])
-            acc[b[0]] += weights[0] * r.num_prompt_tokens
+        done = 0
+        for t, counts in stats.token_chunks(served):
+            num_input = stats.num_input[served[done:done + len(counts)]]
+            done += len(counts)
+            b = np.clip(((t - start_time) / width).astype(int), 0, num_bins - 1)
+            # NOTE: credited request by request, its tokens then its prompt at its first
+            # token's bin: one order of the float sums, whichever path filed the requests
+            ends = np.cumsum(counts)
+            tokens = np.arange(len(t)) + np.repeat(np.arange(len(counts)), counts)
+            prompts = ends + np.arange(len(counts))
+            bins = np.empty(len(t) + len(counts), np.intp)
+            amounts = np.empty(len(bins))
+            bins[tokens], amounts[tokens] = b, weights[1]
+            bins[prompts], amounts[prompts] = b[ends - counts], weights[0] * num_input
+            np.add.at(acc, bins, amounts)
         series[c] = (acc / width).tolist()
     return {"t_s": [(i + 1) * width for i in range(num_bins)], "clients": series}
 
 
-def _split(requests: Sequence[Request], attr: str) -> dict[str, list[Request]]:
-    groups: dict[str, list[Request]] = {}
-    for r in requests:
-        v = getattr(r, attr)
-        groups.setdefault(NONE if v is None else str(v), []).append(r)
+def client_groups(stats: RequestStats) -> dict[str, np.ndarray]:
+    """The filed requests' positions by client (`NONE`: none), names sorted; empty when no
+    request has a client."""
+    filed = stats.filed
+    return _split(filed, stats.client[filed], stats.client_names())
+
+
+def _split(positions: np.ndarray, codes: np.ndarray, names: Sequence[str]
+           ) -> dict[str, np.ndarray]:
+    """The `positions` by group name (`NONE` for code < 0), each in order, names sorted;
+    empty when no position has a group."""
+    if not (codes >= 0).any():
+        return {}
+    order = np.argsort(codes, kind="stable")
+    uniq, first = np.unique(codes[order], return_index=True)
+    groups: dict[str, np.ndarray] = {}
+    for code, chunk in zip(uniq.tolist(), np.split(positions[order], first[1:]), strict=True):
+        name = NONE if code < 0 else names[code]
+        groups[name] = chunk if name not in groups else np.sort(
+            np.concatenate([groups[name], chunk]))
     return dict(sorted(groups.items()))
 
 
@@ -242,58 +296,42 @@ def since_arrival(r: Request, t: float | None) -> float:
     return t - r.metrics.arrival_time
 
 
-def _ttft(r: Request) -> float:
-    return since_arrival(r, r.metrics.first_token_time)
+def _num_met_deadline(stats: RequestStats, positions: np.ndarray) -> int:
+    """Requests at `positions` that completed with their first token by their deadline."""
+    return int(stats.met_deadline(stats.completed_among(positions)).sum())
 
 
-def _met_deadline(r: Request) -> bool:
-    return (is_completed(r) and r.deadline_ms is not None
-            and _ttft(r) * 1000.0 <= r.deadline_ms)
-
-
-def meets_slo(r: Request, slo: Mapping[str, float]) -> bool:
-    """Whether a completed request meets every `slo` limit (ms on "ttft", "tpot", "e2el").
-
-    NOTE: as in vLLM, a one-token request has TPOT 0 for goodput.
-    """
-    ttft = _ttft(r)
-    e2el = since_arrival(r, r.metrics.finished_time)
-    tpot = (e2el - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else 0.0
-    got = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
-    return all(got[k] * 1000.0 <= limit for k, limit in slo.items())
-
-
-def _good(r: Request, slo: Mapping[str, float] | None) -> bool:
-    if r.deadline_ms is not None and not _met_deadline(r):
-        return False
-    return not slo or meets_slo(r, slo)
-
-
-def _group(reqs: list[Request], duration: float, percentiles: Sequence[float],
-           slo: Mapping[str, float] | None, weights: Sequence[float]) -> dict[str, Any]:
-    done = [r for r in reqs if is_completed(r)]
+def _group(stats: RequestStats, positions: np.ndarray, duration: float,
+           percentiles: Sequence[float], slo: Mapping[str, float] | None,
+           weights: Sequence[float]) -> dict[str, Any]:
+    done = stats.completed_among(positions)
 
     def per_s(n: float) -> float:
         return per_second(n, duration)
 
-    deadlines = [r for r in reqs if r.deadline_ms is not None]
+    deadlines = positions[~np.isnan(stats.deadline_ms[positions])]
+    # NOTE: a completed request is good if it met its deadline (when it has one) and `slo`
+    good = np.isnan(stats.deadline_ms[done]) | stats.met_deadline(done)
+    if slo:
+        good &= stats.meeting(done, slo)
+    # NOTE: summed in workload order with Python's sum, one request's service after another
+    service = (weights[0] * stats.num_input[positions]
+               + weights[1] * stats.num_output[positions]).tolist()
     g: dict[str, Any] = {
-        "num_requests": len(reqs),
+        "num_requests": len(positions),
         "completed": len(done),
-        "num_rejected": sum(r.status is RequestStatus.REJECTED for r in reqs),
-        "total_input_tokens": sum(r.num_prompt_tokens for r in done),
-        "total_output_tokens": sum(r.num_output_tokens for r in done),
-        "service": sum(service(r, weights) for r in reqs),
+        "num_rejected": stats.num_rejected_among(positions),
+        "total_input_tokens": int(stats.num_input[done].sum()),
+        "total_output_tokens": int(stats.num_output[done].sum()),
+        "service": sum(service),
         "request_throughput": per_s(len(done)),
-        "request_goodput": per_s(sum(_good(r, slo) for r in done)),
-        "deadline_attainment": (sum(map(_met_deadline, deadlines)) / len(deadlines)
-                                if deadlines else None),
+        "request_goodput": per_s(int(good.sum())),
+        "deadline_attainment": (_num_met_deadline(stats, deadlines) / len(deadlines)
+                                if len(deadlines) else None),
     }
-    ttfts = [_ttft(r) for r in done]
-    tpots = [(since_arrival(r, r.metrics.finished_time) - _ttft(r)) / (r.num_output_tokens - 1)
-             for r in done if r.num_output_tokens > 1]
-    for name, xs in (("ttft", ttfts), ("tpot", tpots)):
-        a = np.asarray(xs if xs else [0.0]) * 1000.0
+    tpots = stats.tpots(done)[stats.num_output[done] > 1]
+    for name, xs in (("ttft", stats.ttft[done]), ("tpot", tpots)):
+        a = (xs if len(xs) else np.zeros(1)) * 1000.0
         g[f"mean_{name}_ms"] = float(a.mean())
         g.update(percentile_keys(name, a, percentiles))
     return g

@@ -116,12 +116,15 @@ def compute_metrics(
         m["goodput_slo_ms"] = dict(slo)
     m["max_output_tokens_per_s"] = stats.peak_output_rate()
     m["max_concurrent_requests"] = stats.peak_in_flight()
-    for name, values in (("ttft", ttfts), ("tpot", tpots[~np.isnan(tpots)]),
-                         ("itl", stats.pooled_itls(done)), ("e2el", e2els), ("queue", queue)):
-        m.update(_stats(name, values, percentiles))
+    for name, values in (("ttft", ttfts), ("tpot", tpots[~np.isnan(tpots)]), ("itl", None),
+                         ("e2el", e2els), ("queue", queue)):
+        # NOTE: the gaps, a run's largest series, are read for their keys only and scaled in
+        # place: no copy of them is held past their keys
+        m.update(_stats(name, _in_ms(stats.pooled_itls(done)) if values is None
+                        else values * 1000.0, percentiles))
     m.update(engine_metrics(run))
     # per_client / per_slo_class / jain_fairness_index / service_timeline, when present
-    m.update(group_metrics(run.requests, dur, run.start_time, percentiles, slo))
+    m.update(group_metrics(stats, dur, run.start_time, percentiles, slo))
     if run.stats is None:  # NOTE: a streaming run (`driver.save_detailed=false`) has none
         m.update(input_lens=stats.num_input[done].tolist(),
                  output_lens=stats.num_output[done].tolist(), ttfts=ttfts.tolist(),
@@ -164,13 +167,19 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
     }
 
 
-def _stats(name: str, values: np.ndarray, percentiles: Sequence[float]) -> dict[str, float]:
+def _stats(name: str, values_ms: np.ndarray, percentiles: Sequence[float]
+           ) -> dict[str, float]:
     # NOTE: like vLLM, an empty series reports 0 rather than NaN.
-    a = np.asarray(values if len(values) else [0.0], dtype=float) * 1000.0
+    a = values_ms if len(values_ms) else np.zeros(1)
     out = {f"mean_{name}_ms": float(a.mean()), f"median_{name}_ms": float(np.median(a)),
            f"std_{name}_ms": float(a.std())}
     out.update(percentile_keys(name, a, percentiles))
     return out
+
+
+def _in_ms(seconds: np.ndarray) -> np.ndarray:
+    seconds *= 1000.0
+    return seconds
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -35,7 +35,8 @@ def write_plots(run_dir: Path, run: RunResult, metrics: dict) -> list[Path]:
 
     Args:
         run_dir: the run's output directory.
-        run: the run (its step series feeds the timeline, its requests the per-client CDFs).
+        run: the run (its step series feeds the timeline, its requests or, streaming, their
+            stats the per-client CDFs).
         metrics: `compute_metrics(run)` (its per-request lists feed the CDFs, its
             `service_timeline` the per-client service).
 
@@ -145,18 +146,20 @@ def _timeline(path: Path, run: RunResult) -> Path:
 
 def _clients(path: Path, run: RunResult, metrics: dict[str, Any]) -> Path:
     """Per client: the service received so far (from `service_timeline`) and the TTFT CDF."""
-    from schedlab.runs.groups import NONE, SERVICE_WEIGHTS, is_completed
+    from schedlab.runs.groups import SERVICE_WEIGHTS, client_groups
+    from schedlab.runs.request_stats import RequestStats
 
     tl = metrics.get("service_timeline") or {}
     names = list((metrics.get("per_client") or {}).keys())
+    stats = run.stats if run.stats is not None else RequestStats.of(run.requests,
+                                                                     run.start_time)
+    by_client = client_groups(stats)
     fig, (svc_ax, ttft_ax) = new_figure(2, 1, size=(4.6, 3.4))
     ts = list(tl.get("t_s") or [])
     width = ts[0] if ts else 0.0
     for i, c in enumerate(names):
         color = f"C{i % 10}"
-        ttfts = [r.metrics.first_token_time - r.metrics.arrival_time for r in run.requests
-                 if is_completed(r) and r.metrics.first_token_time is not None
-                 and (NONE if r.client_id is None else str(r.client_id)) == c]
+        ttfts = stats.ttft[stats.completed_among(by_client[c])].tolist() if c in by_client else []
         label = f"{c} ({len(ttfts)} done)"
         rate = (tl.get("clients") or {}).get(c)
         if rate and ts:

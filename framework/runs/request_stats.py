@@ -1,14 +1,14 @@
 """What a run's metrics keep of each request once it ended: a few numbers in arrays, indexed
-by the request's position in the workload.
+by the request's position in the workload, and its token times in one shared buffer.
 
 A streaming run (`driver.save_detailed=false`) files each request here when it ends and
 forgets the request; a detailed run files its requests here at the end. `compute_metrics`
-reads only this, so both give the same numbers.
+and the group figures (`schedlab.runs.groups`) read only this, so both give the same numbers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -17,6 +17,10 @@ from schedlab.runs.groups import is_completed, since_arrival
 
 #: `RequestStats.status` values
 OPEN, COMPLETED, REJECTED, FAILED = 0, 1, 2, 3
+#: `RequestStats.client` / `slo_class` of a request without one
+NO_GROUP = -1
+#: tokens per chunk of `RequestStats.token_chunks`
+CHUNK_TOKENS = 1 << 20
 
 
 class RequestStats:
@@ -32,23 +36,28 @@ class RequestStats:
         n = num_requests
         self.start_time = start_time
         self.status = np.zeros(n, np.int8)
-        #: arrival and end of every ended request (vLLM's in-flight window)
+        #: arrival of every filed request; end of every ended one (NaN: it never ended)
         self.arrival = np.zeros(n)
         self.finished = np.full(n, np.nan)
         #: seconds since arrival, of completed requests
         self.ttft = np.zeros(n)
         self.e2el = np.zeros(n)
         self.queue = np.zeros(n)
+        #: prompt and output tokens of every request that produced a token (0 otherwise)
         self.num_input = np.zeros(n, np.int64)
         self.num_output = np.zeros(n, np.int64)
-        #: each completed request's inter-token gaps: `_itl[itl_at[k]: itl_at[k] + num_itl[k]]`
-        self.itl_at = np.zeros(n, np.int64)
-        self.num_itl = np.zeros(n, np.int64)
-        self._itl = np.empty(max(16, n))
-        self._itl_len = 0
-        #: output tokens per whole second of the run, from second `_first_second`
-        self._per_second = np.zeros(0, np.int64)
-        self._first_second = 0
+        #: each request's token times: `_times[token_at[k]: token_at[k] + num_tokens[k]]`
+        self.token_at = np.zeros(n, np.int64)
+        self.num_tokens = np.zeros(n, np.int64)
+        self._times = np.empty(max(16, n))
+        self._times_len = 0
+        #: each request's client and SLO class, as an index into `client_names` /
+        #: `slo_class_names` (`NO_GROUP`: none), and its deadline (ms; NaN: none)
+        self.client = np.full(n, NO_GROUP, np.int32)
+        self.slo_class = np.full(n, NO_GROUP, np.int32)
+        self.deadline_ms = np.full(n, np.nan)
+        self._client_codes: dict[str, int] = {}
+        self._slo_class_codes: dict[str, int] = {}
         #: why each request that did not complete ended, by position
         self.errors: dict[int, str | None] = {}
 
@@ -63,9 +72,20 @@ class RequestStats:
     def add(self, k: int, r: Request) -> None:
         """File request `r`, ended, as position `k`. Changes state."""
         m = r.metrics
+        self.arrival[k] = m.arrival_time
         if m.finished_time is not None:
-            self.arrival[k] = r.arrival_time
             self.finished[k] = m.finished_time
+        if r.client_id is not None:
+            self.client[k] = _code(self._client_codes, r.client_id)
+        if r.slo_class is not None:
+            self.slo_class[k] = _code(self._slo_class_codes, r.slo_class)
+        if r.deadline_ms is not None:
+            self.deadline_ms[k] = r.deadline_ms
+        times = m.token_times
+        if times:
+            self._file_times(k, times)
+            self.num_input[k] = r.num_prompt_tokens
+            self.num_output[k] = r.num_output_tokens
         if not is_completed(r):
             self.status[k] = REJECTED if r.status is RequestStatus.REJECTED else FAILED
             self.errors[k] = r.reject_reason or r.finish_reason
@@ -74,34 +94,17 @@ class RequestStats:
         self.ttft[k] = since_arrival(r, m.first_token_time)
         self.e2el[k] = since_arrival(r, m.finished_time)
         self.queue[k] = since_arrival(r, m.first_scheduled_time)
-        self.num_input[k] = r.num_prompt_tokens
-        self.num_output[k] = r.num_output_tokens
-        times = np.asarray(m.token_times)
-        gaps = np.diff(times)
-        end = self._itl_len + len(gaps)
-        if end > len(self._itl):
-            grown = np.empty(max(end, 2 * len(self._itl)))
-            grown[: self._itl_len] = self._itl[: self._itl_len]
-            self._itl = grown
-        self._itl[self._itl_len:end] = gaps
-        self.itl_at[k], self.num_itl[k] = self._itl_len, len(gaps)
-        self._itl_len = end
-        self._count_seconds(np.floor(times - self.start_time).astype(np.int64))
 
-    def _count_seconds(self, seconds: np.ndarray) -> None:
-        if not len(seconds):
-            return
-        lo, hi = int(seconds.min()), int(seconds.max())
-        counts, first = self._per_second, self._first_second
-        if not len(counts):
-            counts, first = np.zeros(hi - lo + 1, np.int64), lo
-        if lo < first or hi >= first + len(counts):
-            new_first = min(lo, first)
-            grown = np.zeros(max(hi, first + len(counts) - 1) - new_first + 1, np.int64)
-            grown[first - new_first: first - new_first + len(counts)] = counts
-            counts, first = grown, new_first
-        counts += np.bincount(seconds - first, minlength=len(counts))
-        self._per_second, self._first_second = counts, first
+    def _file_times(self, k: int, times: list[float]) -> None:
+        start = self._times_len
+        end = start + len(times)
+        if end > len(self._times):
+            grown = np.empty(max(end, 2 * len(self._times)))
+            grown[:start] = self._times[:start]
+            self._times = grown
+        self._times[start:end] = times
+        self.token_at[k], self.num_tokens[k] = start, len(times)
+        self._times_len = end
 
     # ---- what metrics read (no state change) ---------------------------------------------
     @property
@@ -109,11 +112,56 @@ class RequestStats:
         """Positions of the completed requests, in workload order."""
         return np.flatnonzero(self.status == COMPLETED)
 
+    @property
+    def filed(self) -> np.ndarray:
+        """Positions of every filed request, in workload order."""
+        return np.flatnonzero(self.status != OPEN)
+
     def count(self, status: int) -> int:
         return int(np.count_nonzero(self.status == status))
 
     def num_ended(self) -> int:
         return int(np.count_nonzero(self.status != OPEN))
+
+    def completed_among(self, positions: np.ndarray) -> np.ndarray:
+        """The completed requests of `positions`, in their order."""
+        return positions[self.status[positions] == COMPLETED]
+
+    def num_rejected_among(self, positions: np.ndarray) -> int:
+        return int(np.count_nonzero(self.status[positions] == REJECTED))
+
+    def client_names(self) -> list[str]:
+        """Client ids by code (`client`)."""
+        return list(self._client_codes)
+
+    def slo_class_names(self) -> list[str]:
+        """SLO classes by code (`slo_class`)."""
+        return list(self._slo_class_codes)
+
+    def token_chunks(self, positions: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The token times of the requests at `positions`, request after request, in chunks
+        of whole requests of about `CHUNK_TOKENS` tokens (so that reading them costs no
+        index arrays of the run's size): (times, each request's token count) per chunk."""
+        counts = self.num_tokens[positions]
+        ends = np.cumsum(counts)
+        lo = 0
+        while lo < len(positions):
+            limit = ends[lo] - counts[lo] + CHUNK_TOKENS
+            hi = max(lo + 1, int(np.searchsorted(ends, limit, side="right")))
+            c = counts[lo:hi]
+            before = np.cumsum(c) - c
+            idx = np.repeat(self.token_at[positions[lo:hi]] - before, c) + np.arange(int(c.sum()))
+            yield self._times[idx], c
+            lo = hi
+
+    def token_times(self, positions: np.ndarray) -> np.ndarray:
+        """The token times of the requests at `positions`, request after request."""
+        out = np.empty(int(self.num_tokens[positions].sum()))
+        at = 0
+        for times, _ in self.token_chunks(positions):
+            out[at:at + len(times)] = times
+            at += len(times)
+        return out
 
     def tpots(self, done: np.ndarray) -> np.ndarray:
         """TPOT of the completed requests `done` (NaN for one-token outputs)."""
@@ -123,32 +171,56 @@ class RequestStats:
         return np.where(n > 1, t, np.nan)
 
     def pooled_itls(self, done: np.ndarray) -> np.ndarray:
-        """Every inter-token gap of the requests `done`, request after request."""
-        counts = self.num_itl[done]
-        before = np.cumsum(counts) - counts
-        idx = np.repeat(self.itl_at[done] - before, counts) + np.arange(int(counts.sum()))
-        return self._itl[idx]
+        """Every inter-token gap of the completed requests `done`, request after request."""
+        out = np.empty(int(self.num_tokens[done].sum()) - len(done))
+        at = 0
+        for times, counts in self.token_chunks(done):
+            gaps = np.diff(times)
+            # NOTE: the difference across two requests' tokens is no gap: drop each one's last
+            keep = np.ones(len(gaps), bool)
+            keep[np.cumsum(counts)[:-1] - 1] = False
+            n = len(gaps) - len(counts) + 1
+            out[at:at + n] = gaps[keep]
+            at += n
+        return out
 
     def itls(self, done: np.ndarray) -> list[list[float]]:
         """Each completed request's gaps, as lists."""
-        return [self._itl[a:a + c].tolist() for a, c in zip(self.itl_at[done].tolist(),
-                                                            self.num_itl[done].tolist(),
-                                                            strict=True)]
+        return [np.diff(self._times[a:a + c]).tolist()
+                for a, c in zip(self.token_at[done].tolist(), self.num_tokens[done].tolist(),
+                                strict=True)]
 
-    def num_meeting(self, done: np.ndarray, slo: Mapping[str, float]) -> int:
-        """Completed requests meeting every limit (ms) of `slo`; a one-token request has
-        TPOT 0, as in vLLM."""
+    def meeting(self, done: np.ndarray, slo: Mapping[str, float]) -> np.ndarray:
+        """Whether each completed request of `done` meets every limit (ms) of `slo`; a
+        one-token request has TPOT 0, as in vLLM."""
         tpot = np.nan_to_num(self.tpots(done), nan=0.0)
         got = {"ttft": self.ttft[done], "tpot": tpot, "e2el": self.e2el[done]}
         ok = np.ones(len(done), bool)
         for key, limit in slo.items():
             ok &= got[key] * 1000.0 <= limit
-        return int(ok.sum())
+        return ok
+
+    def num_meeting(self, done: np.ndarray, slo: Mapping[str, float]) -> int:
+        """Completed requests of `done` meeting every limit (ms) of `slo`."""
+        return int(self.meeting(done, slo).sum())
+
+    def met_deadline(self, done: np.ndarray) -> np.ndarray:
+        """Whether each completed request of `done` got its first token by its deadline
+        (False without one)."""
+        return self.ttft[done] * 1000.0 <= self.deadline_ms[done]
 
     def peak_output_rate(self) -> float:
-        """The most output tokens in one whole second of the run (vLLM's
-        `max_output_tokens_per_s`)."""
-        return float(self._per_second.max()) if len(self._per_second) else 0.0
+        """The most output tokens of completed requests in one whole second of the run
+        (vLLM's `max_output_tokens_per_s`)."""
+        counts, first = np.zeros(0, np.int64), 0
+        for times, _ in self.token_chunks(self.completed):
+            seconds = np.floor(times - self.start_time).astype(np.int64)
+            lo = min(first, int(seconds.min())) if len(counts) else int(seconds.min())
+            hi = max(first + len(counts), int(seconds.max()) + 1)
+            grown = np.bincount(seconds - lo, minlength=hi - lo)
+            grown[first - lo: first - lo + len(counts)] += counts
+            counts, first = grown, lo
+        return float(counts.max()) if len(counts) else 0.0
 
     def peak_in_flight(self) -> int:
         """The most ended requests in flight at once, arrival to end (an end at t and an
@@ -160,3 +232,12 @@ class RequestStats:
         order = np.lexsort((deltas, times))  # by time, an end (-1) before an arrival
         running = np.cumsum(deltas[order])
         return max(0, int(running.max())) if len(running) else 0
+
+
+def _code(codes: dict[str, int], value: object) -> int:
+    """The code of group `value` (named by `str`, as the group keys are), new ones counted."""
+    name = str(value)
+    code = codes.get(name)
+    if code is None:
+        code = codes[name] = len(codes)
+    return code
