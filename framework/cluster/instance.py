@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -118,7 +119,7 @@ class Instance:
         return prompt_left + max(0, r.sampling_params.max_tokens - r.num_output_tokens)
 
     # ---- changes -------------------------------------------------------------------------
-    def add(self, request_id: str | None, prompt: list[int], params: SamplingParams,
+    def add(self, request_id: str | None, prompt: Sequence[int], params: SamplingParams,
             arrival: float, **fields) -> Request:
         """Submit a routed request (jumping an idle instance's clock to its arrival).
         Changes state."""

@@ -23,6 +23,7 @@ thus submit everything at once, and a request that waits for a seat counts the w
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 #: consecutive steps without progress (no plan run, nothing ended or moved) before the loop
 #: gives up on a stuck plugin
 MAX_STALLED_STEPS = 1000
+
+_INF = math.inf
 
 
 class RunLoop:
@@ -75,10 +78,13 @@ class RunLoop:
 
     def next_release(self) -> float:
         """When the next release can happen (inf: none left, or no free seat)."""
-        if not self.releases or self.seats == []:
-            return float("inf")
-        t = self.start + self.releases[0][0]
-        return max(t, self.seats[0]) if self.seats else t
+        releases, seats = self.releases, self.seats
+        if not releases:
+            return _INF
+        t = self.start + releases[0][0]
+        if seats is None:
+            return t
+        return max(t, seats[0]) if seats else _INF
 
     def run(self, bar=None) -> None:
         """Handle events until every request has ended. `bar`: a progress bar told of each
@@ -89,20 +95,21 @@ class RunLoop:
         """
         self.bar = bar
         cluster = self.cluster
+        check = self.check
         stalled = 0
         while True:
             inst = self._next_busy()
-            t_busy = inst.now() if inst is not None else float("inf")
+            t_busy = inst.now() if inst is not None else _INF
             t_release = self.next_release()
             t_transfer = cluster.next_transfer_time()
-            if t_release < float("inf") and t_release <= t_busy and t_release <= t_transfer:
+            if t_release < _INF and t_release <= t_busy and t_release <= t_transfer:
                 self._queue(self.release(t_release))
-            elif t_transfer < float("inf") and t_transfer <= t_busy:
+            elif t_transfer < _INF and t_transfer <= t_busy:
                 dst = cluster.deliver_next()
                 self.ended(dst)
                 self._queue(dst)
             elif inst is not None:
-                stepped = cluster.step(inst, self.check)
+                stepped = cluster.step(inst, check)
                 if self.ended(inst) or stepped:
                     stalled = 0
                 else:
@@ -139,18 +146,24 @@ class RunLoop:
         again since, or is idle, is dropped when it surfaces.
         An empty heap is refilled from a scan, so an instance made busy some other way is
         still found."""
+        inst = self._top()
+        if inst is None:
+            for i in self.cluster.is_busy():
+                self._queue(i)
+            inst = self._top()
+        return inst
+
+    def _top(self) -> Instance | None:
+        """The heap's first entry that is current and busy (dropping those before it)."""
         heap, filed, instances = self._busy, self._filed, self.cluster.instances
-        for _ in range(2):
-            while heap:
-                t, j = heap[0]
+        while heap:
+            t, j = heap[0]
+            if filed.get(j) == t:
                 inst = instances[j]
-                if filed.get(j) == t and inst.is_busy():
+                if inst.is_busy():
                     return inst
-                heapq.heappop(heap)
-                if filed.get(j) == t:
-                    del filed[j]
-            for inst in self.cluster.is_busy():
-                self._queue(inst)
+                del filed[j]
+            heapq.heappop(heap)
         return None
 
     def _stuck(self, what: str) -> str:

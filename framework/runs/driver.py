@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from schedlab.request import SamplingParams
 from schedlab.runs.distributions import WorkloadError, WorkloadRequest
@@ -69,8 +69,7 @@ def run_workload(
         if xs is not None and len(xs) != len(workload):
             raise ValueError(f"{len(workload)} requests but {len(xs)} {name}")
     if params is None:
-        params = [SamplingParams(temperature=temperature, max_tokens=w.max_tokens,
-                                 ignore_eos=ignore_eos) for w in workload]
+        params = WorkloadParams(workload, temperature, ignore_eos)
     if not save_detailed:
         grouped = next((w for w in workload if w.client_id is not None
                         or w.slo_class is not None or w.deadline_ms is not None), None)
@@ -88,6 +87,33 @@ def run_workload(
     finally:
         bar.close()
     return cluster.result(max_concurrency)
+
+
+class WorkloadParams(Sequence[SamplingParams]):
+    """Each request's `SamplingParams`, `temperature` and `ignore_eos` with its workload
+    request's `max_tokens`, made when read (the run loop reads each once, at its release,
+    so a long run holds none of them)."""
+
+    def __init__(self, workload: Sequence[WorkloadRequest], temperature: float,
+                 ignore_eos: bool) -> None:
+        self._workload = workload
+        self._temperature = temperature
+        self._ignore_eos = ignore_eos
+
+    def __len__(self) -> int:
+        return len(self._workload)
+
+    @overload
+    def __getitem__(self, i: int) -> SamplingParams: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[SamplingParams]: ...
+
+    def __getitem__(self, i: int | slice) -> SamplingParams | list[SamplingParams]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(len(self))[i]]
+        return SamplingParams(temperature=self._temperature,
+                              max_tokens=self._workload[i].max_tokens,
+                              ignore_eos=self._ignore_eos)
 
 
 class _NoBar:

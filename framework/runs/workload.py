@@ -45,6 +45,7 @@ from schedlab.runs.distributions import (
     get_int,
     get_key,
     get_pos,
+    lazy_prompts,
     random_tokens,
     sample_lengths,
     set_arrivals,
@@ -137,7 +138,7 @@ def _generate(kind: str, spec: Mapping[str, Any], n: int, vocab_size: int,
     inputs = sample_lengths(input_len or spec.get("input_len"), n, rng, "input_len")
     outputs = sample_lengths(output_len or spec.get("output_len"), n, rng, "output_len")
     if kind == "synthetic":
-        prompts = [random_tokens(rng, int(k), vocab_size) for k in inputs]
+        prompts = lazy_prompts(rng, inputs, vocab_size)
     else:
         prompts = _shared_prefix_prompts(spec, inputs, vocab_size, rng)
     return [WorkloadRequest(p, int(o)) for p, o in zip(prompts, outputs, strict=True)]
