@@ -96,6 +96,7 @@ class RunLoop:
         self.bar = bar
         cluster = self.cluster
         check = self.check
+        alone = len(cluster.instances) == 1  # NOTE: and so no KV transfers
         stalled = 0
         while True:
             inst = self._next_busy()
@@ -109,14 +110,19 @@ class RunLoop:
                 self.ended(dst)
                 self._queue(dst)
             elif inst is not None:
-                stepped = cluster.step(inst, check)
-                if self.ended(inst) or stepped:
-                    stalled = 0
-                else:
-                    stalled += 1
-                    if stalled > MAX_STALLED_STEPS:
-                        raise RuntimeError(self._stuck(f"instance {inst.index} made no progress "
-                                                       f"in {stalled} steps"))
+                while True:
+                    stepped = cluster.step(inst, check)
+                    if self.ended(inst) or stepped:
+                        stalled = 0
+                    else:
+                        stalled += 1
+                        if stalled > MAX_STALLED_STEPS:
+                            raise RuntimeError(self._stuck(
+                                f"instance {inst.index} made no progress in {stalled} steps"))
+                    # NOTE: a lone instance steps on while it is busy and no release is due:
+                    # what the next round would choose, without the busy heap
+                    if not (alone and inst.is_busy() and inst.now() < self.next_release()):
+                        break
                 self._queue(inst)
             elif cluster.has_pending():  # transfers that wait for nothing: admit or reject
                 cluster.admit_pending()
