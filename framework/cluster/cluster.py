@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 from schedlab import registry
@@ -274,6 +274,7 @@ class Cluster:
         instance, waiting for a decode seat or in transfer, and return the run over the
         requests submitted so far. Changes state."""
         for inst in self.instances:
+            inst.forget_load()
             for req in list(inst.in_flight.values()):
                 if req.request_id in inst.engine.requests and not req.is_finished:
                     inst.engine.abort(req.request_id)
@@ -347,13 +348,17 @@ class _Loads(Sequence[InstanceLoad]):
     def __getitem__(self, j: int | slice) -> InstanceLoad | list[InstanceLoad]:
         if isinstance(j, slice):
             return [self[k] for k in range(len(self))[j]]
-        load = self._taken[j]
-        if load is None:
-            k = range(len(self._pool))[j]  # IndexError past the end ends iteration
-            inst, probe = self._pool[k], self._probe
-            load = _reindex(inst.load(0 if probe is None else inst.cached_prefix_tokens(probe)),
-                            k)
-            self._taken[j] = load
+        load = self._taken[j]  # IndexError past the end
+        return self._take(j % len(self._taken)) if load is None else load
+
+    def __iter__(self) -> Iterator[InstanceLoad]:
+        for k, load in enumerate(self._taken):
+            yield self._take(k) if load is None else load
+
+    def _take(self, k: int) -> InstanceLoad:
+        inst, probe = self._pool[k], self._probe
+        load = _reindex(inst.load(0 if probe is None else inst.cached_prefix_tokens(probe)), k)
+        self._taken[k] = load
         return load
 
 
