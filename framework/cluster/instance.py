@@ -151,7 +151,8 @@ class Instance:
     def step(self) -> None:
         """Admit arrived KV transfers, then run one engine step. Changes state."""
         self._load = None
-        self.admit_pending()
+        if self.pending:
+            self.admit_pending()
         clock = self.engine.clock
         timed = clock if isinstance(clock, InstanceClock) else None
         if timed is not None:
