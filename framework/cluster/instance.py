@@ -267,6 +267,12 @@ class Instance:
     def check_integrity(self) -> None:
         """Raise AssertionError if the engine's state or this instance's books disagree."""
         self.engine.check_integrity()
+        kept = self._load
+        if kept is not None:
+            self._load = None
+            fresh = self.load()
+            self._load = kept
+            assert fresh == kept, f"instance {self.index} kept the load {kept} but has {fresh}"
         for rid, r in self.in_flight.items():
             assert r.request_id == rid, f"instance {self.index} files {r.request_id} as {rid}"
         for t in self.pending:
