@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 from typing import NoReturn
 
 from schedlab import registry
@@ -96,7 +97,7 @@ class Engine:
     # ---- requests ------------------------------------------------------------------------
     def add_request(
         self,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Sequence[int],
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
         arrival_time: float | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from schedlab.kv_allocator import KVAllocator
 from schedlab.request import Request
@@ -28,7 +28,7 @@ def read_prompt(prompt_token_ids: Iterable[object], vocab_size: int) -> Prompt:
     """The prompt as a list (plain ints when every entry is an integer token id; the entries
     as given otherwise) and what is wrong with it: empty, an entry that is not an integer
     token id, or one outside [0, vocab_size). No state change."""
-    ids = list(prompt_token_ids)
+    ids: list[Any] = list(prompt_token_ids)
     if not ids:
         return Prompt(ids, "empty prompt: a request needs at least one prompt token")
     if not set(map(type, ids)) <= {int}:  # NOTE: the common case, checked at C speed

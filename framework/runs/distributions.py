@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -131,7 +131,7 @@ class _Replay:
         return random_tokens(self._rng, n, vocab_size)
 
 
-def lazy_prompts(rng: np.random.Generator, lengths: Sequence[int],
+def lazy_prompts(rng: np.random.Generator, lengths: Iterable[Any],
                  vocab_size: int) -> list[Sequence[int]]:
     """`[random_tokens(rng, k, vocab_size) for k in lengths]`, each prompt a `LazyTokens`
     that draws its list when read (plain lists for a generator other than PCG64); `rng` moves

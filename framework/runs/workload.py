@@ -137,6 +137,7 @@ def _generate(kind: str, spec: Mapping[str, Any], n: int, vocab_size: int,
         return []
     inputs = sample_lengths(input_len or spec.get("input_len"), n, rng, "input_len")
     outputs = sample_lengths(output_len or spec.get("output_len"), n, rng, "output_len")
+    prompts: Sequence[Sequence[int]]
     if kind == "synthetic":
         prompts = lazy_prompts(rng, inputs, vocab_size)
     else:
