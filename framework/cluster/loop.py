@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from schedlab.request import Request, SamplingParams
-from schedlab.runs.distributions import WorkloadRequest
+from schedlab.runs.distributions import LazyTokens, WorkloadRequest
 from schedlab.runs.sessions import next_turns
 
 if TYPE_CHECKING:
@@ -184,9 +184,13 @@ class RunLoop:
         if self.seats is not None:
             heapq.heappop(self.seats)
         w = self.workload[i]
-        inst, req = self.cluster.route(
-            i, self.prompts.pop(i, w.prompt_token_ids), self.params[i], t, w,
-            None if self.ids is None else self.ids[i])
+        prompt: Sequence[int] | None = self.prompts.pop(i, None)
+        if prompt is None:
+            prompt = w.prompt_token_ids
+            if self.stream and isinstance(prompt, LazyTokens):
+                prompt = prompt.own_ids()  # NOTE: freed when the request retires
+        inst, req = self.cluster.route(i, prompt, self.params[i], t, w,
+                                       None if self.ids is None else self.ids[i])
         self.index[id(req)] = i
         self.outstanding += 1
         self.ended(inst)  # rejected on arrival

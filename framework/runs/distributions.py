@@ -78,7 +78,13 @@ class LazyTokens(Sequence[int]):
         return self._n
 
     def _ids(self) -> list[int]:
-        return self._replay.draw(self._at, self._n, self._vocab)
+        return self._replay.draw(self._at, self._n, self._vocab, shared=True)
+
+    def own_ids(self) -> list[int]:
+        """The list, its ints its own rather than the shared ones a read refers to: 32 bytes
+        more a token, but nothing far away to touch in making or freeing it (for a prompt
+        forgotten soon after, as a streaming run's)."""
+        return self._replay.draw(self._at, self._n, self._vocab, shared=False)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._ids())
@@ -123,12 +129,15 @@ class _Replay:
         st = self._stream.state
         return st["state"]["state"] | st["uinteger"] << 128 | st["has_uint32"] << 160
 
-    def draw(self, at: int, n: int, vocab_size: int) -> list[int]:
-        """`random_tokens` of `n` ids from position `at` (the stream itself does not move)."""
+    def draw(self, at: int, n: int, vocab_size: int, shared: bool) -> list[int]:
+        """`random_tokens` of `n` ids from position `at` (`shared`: referring to the shared
+        ints, as it does; else ints of their own). The stream itself does not move."""
         self._bits.state = {"bit_generator": "PCG64",
                             "state": {"state": at & _MASK128, "inc": self._inc},
                             "has_uint32": at >> 160, "uinteger": at >> 128 & 0xFFFFFFFF}
-        return random_tokens(self._rng, n, vocab_size)
+        if shared:
+            return random_tokens(self._rng, n, vocab_size)
+        return self._rng.integers(FIRST_TOKEN_ID, vocab_size, size=n).tolist()
 
 
 def lazy_prompts(rng: np.random.Generator, lengths: Iterable[Any],
