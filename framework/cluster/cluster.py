@@ -20,7 +20,6 @@ from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
-from schedlab.runs.driver import WorkloadParams
 from schedlab.runs.run_result import RunResult
 
 _INF = float("inf")
@@ -124,7 +123,7 @@ class Cluster:
             max_concurrency: at most this many requests in flight in the whole cluster.
             check: run `check_integrity()` after every step (tests).
         """
-        from schedlab.cluster.loop import RunLoop
+        from schedlab.cluster.loop import RunLoop, WorkloadParams
 
         workload = list(workload)
         params = WorkloadParams(workload, temperature, ignore_eos)

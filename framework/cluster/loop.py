@@ -25,10 +25,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from schedlab.request import Request, SamplingParams
-from schedlab.runs.distributions import LazyTokens, WorkloadRequest
+from schedlab.runs.distributions import WorkloadRequest
+from schedlab.runs.prompts import LazyTokens
 from schedlab.runs.sessions import next_turns
 
 if TYPE_CHECKING:
@@ -219,6 +220,33 @@ class RunLoop:
             if self.stream:
                 self.cluster.retire(i, inst, r)
         return moved
+
+
+class WorkloadParams(Sequence[SamplingParams]):
+    """Each request's `SamplingParams`, `temperature` and `ignore_eos` with its workload
+    request's `max_tokens`, made when read (the run loop reads each once, at its release,
+    so a long run holds none of them)."""
+
+    def __init__(self, workload: Sequence[WorkloadRequest], temperature: float,
+                 ignore_eos: bool) -> None:
+        self._workload = workload
+        self._temperature = temperature
+        self._ignore_eos = ignore_eos
+
+    def __len__(self) -> int:
+        return len(self._workload)
+
+    @overload
+    def __getitem__(self, i: int) -> SamplingParams: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[SamplingParams]: ...
+
+    def __getitem__(self, i: int | slice) -> SamplingParams | list[SamplingParams]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(len(self))[i]]
+        return SamplingParams(temperature=self._temperature,
+                              max_tokens=self._workload[i].max_tokens,
+                              ignore_eos=self._ignore_eos)
 
 
 def _finish_time(req: Request, default: float) -> float:

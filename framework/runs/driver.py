@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING
 
 from schedlab.request import SamplingParams
 from schedlab.runs.distributions import WorkloadError, WorkloadRequest
@@ -63,7 +63,7 @@ def run_workload(
             lost or stalls them), within `schedlab.cluster.loop.MAX_STALLED_STEPS` steps.
     """
     from schedlab.cluster.cluster import Cluster
-    from schedlab.cluster.loop import RunLoop
+    from schedlab.cluster.loop import RunLoop, WorkloadParams
 
     for name, xs in (("params", params), ("request_ids", request_ids)):
         if xs is not None and len(xs) != len(workload):
@@ -87,33 +87,6 @@ def run_workload(
     finally:
         bar.close()
     return cluster.result(max_concurrency)
-
-
-class WorkloadParams(Sequence[SamplingParams]):
-    """Each request's `SamplingParams`, `temperature` and `ignore_eos` with its workload
-    request's `max_tokens`, made when read (the run loop reads each once, at its release,
-    so a long run holds none of them)."""
-
-    def __init__(self, workload: Sequence[WorkloadRequest], temperature: float,
-                 ignore_eos: bool) -> None:
-        self._workload = workload
-        self._temperature = temperature
-        self._ignore_eos = ignore_eos
-
-    def __len__(self) -> int:
-        return len(self._workload)
-
-    @overload
-    def __getitem__(self, i: int) -> SamplingParams: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[SamplingParams]: ...
-
-    def __getitem__(self, i: int | slice) -> SamplingParams | list[SamplingParams]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(len(self))[i]]
-        return SamplingParams(temperature=self._temperature,
-                              max_tokens=self._workload[i].max_tokens,
-                              ignore_eos=self._ignore_eos)
 
 
 class _NoBar:

@@ -45,11 +45,11 @@ from schedlab.runs.distributions import (
     get_int,
     get_key,
     get_pos,
-    lazy_prompts,
     random_tokens,
     sample_lengths,
     set_arrivals,
 )
+from schedlab.runs.prompts import lazy_prompts
 from schedlab.runs.sessions import build_sessions
 from schedlab.runs.traces import load_trace
 
