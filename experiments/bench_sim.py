@@ -34,12 +34,13 @@ SPEED_WORKLOAD = {
 
 
 def bench_speed(num_requests: int, profile: bool, instances: int = 1, rate: float | None = None,
-                save_detailed: bool = True) -> None:
+                save_detailed: bool = True, router: str = "round_robin") -> None:
     from schedlab.cluster import Cluster, ClusterConfig
 
     config = EngineConfig(model="llama3_8b", executor="sim", executor_options={"hardware": "h100"})
     engine = Engine(config)
-    target = engine if instances == 1 else Cluster(ClusterConfig(num_instances=instances), config)
+    target = (engine if instances == 1
+              else Cluster(ClusterConfig(num_instances=instances, router=router), config))
     arrival = dict(SPEED_WORKLOAD["arrival"], **({} if rate is None else {"rate": rate}))
     t0 = time.perf_counter()
     work = build_workload(dict(SPEED_WORKLOAD, num_requests=num_requests, arrival=arrival),
@@ -62,7 +63,7 @@ def bench_speed(num_requests: int, profile: bool, instances: int = 1, rate: floa
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"== simulation speed: {num_requests} requests at {arrival['rate']} req/s, llama3_8b on "
-          f"{instances} x h100 (sim), save_detailed={save_detailed} ==")
+          f"{instances} x h100 (sim, router {router}), save_detailed={save_detailed} ==")
     print(f"peak RSS {rss:.0f} MB")
     print(f"workload built in {t_build:.2f} s; run in {wall:.2f} s wall "
           f"({'under' if wall < 30 else 'OVER'} the 30 s target), {cpu:.2f} s of CPU time "
@@ -111,7 +112,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-requests", type=int, default=10_000)
     ap.add_argument("--profile", action="store_true", help="cProfile the simulated run")
-    ap.add_argument("--instances", type=int, default=1, help="replicas (round robin)")
+    ap.add_argument("--instances", type=int, default=1, help="replicas")
+    ap.add_argument("--router", default="round_robin", help="the replicas' router")
     ap.add_argument("--rate", type=float, help="arrivals per second (default 25)")
     ap.add_argument("--no-save-detailed", action="store_true",
                     help="stream (driver.save_detailed=false): summary metrics only")
@@ -126,7 +128,7 @@ def main() -> None:
     args = ap.parse_args()
     if not args.skip_speed:
         bench_speed(args.num_requests, args.profile, args.instances, args.rate,
-                    not args.no_save_detailed)
+                    not args.no_save_detailed, args.router)
     if not args.skip_fidelity:
         for clock in args.clock.split(","):
             bench_fidelity(args.hardware_profile, args.size, args.threads, clock)

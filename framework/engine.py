@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 from operator import attrgetter
 from typing import NoReturn
 
@@ -19,7 +20,7 @@ from schedlab.engine_plugins import resolve_plugins
 from schedlab.engine_setup import num_kv_blocks, num_swap_blocks, scheduler_limits
 from schedlab.executor import Executor, ExecutorOutput
 from schedlab.faults import PluginSlot, blame, check_accounted
-from schedlab.intake import prompt_ids, why_invalid
+from schedlab.intake import read_prompt, why_invalid
 from schedlab.kv_manager import KVCacheManager
 from schedlab.plan import PlanTotals
 from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
@@ -99,7 +100,7 @@ class Engine:
     # ---- requests ------------------------------------------------------------------------
     def add_request(
         self,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Sequence[int],
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
         arrival_time: float | None = None,
@@ -130,9 +131,10 @@ class Engine:
         if rid in self.requests:
             raise ValueError(f"request_id {rid!r} is already in use")
         now = self.clock.now()
+        prompt = read_prompt(prompt_token_ids, self.model_spec.vocab_size)
         req = Request(
             request_id=rid,
-            prompt_token_ids=prompt_ids(prompt_token_ids),
+            prompt_token_ids=prompt.ids,
             sampling_params=sp,
             arrival_time=now if arrival_time is None else arrival_time,
             priority=priority,
@@ -143,8 +145,7 @@ class Engine:
             eos_token_ids=frozenset(self.model_spec.eos_token_ids),
         )
         self.requests[rid] = req
-        reason = why_invalid(req, self.max_model_len, self.model_spec.vocab_size,
-                             self.kv.allocator)
+        reason = prompt.reason or why_invalid(req, self.max_model_len, self.kv.allocator)
         if reason is not None:
             req.end(RequestStatus.REJECTED, now, reason)
             return req

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from schedlab.kv_allocator import KVAllocator
 from schedlab.request import Request
@@ -16,31 +17,35 @@ def is_token_id(t: object) -> bool:
     return type(t) is int or (isinstance(t, numbers.Integral) and not isinstance(t, bool))
 
 
-def prompt_ids(prompt_token_ids: Iterable[object]) -> list:
-    """The prompt as a list; plain ints when every entry is an integer token id (the others
-    are left for `why_invalid` to name)."""
-    ids = list(prompt_token_ids)
-    if set(map(type, ids)) <= {int}:  # NOTE: the common case, checked at C speed
-        return ids
-    if all(is_token_id(t) for t in ids):
-        return [int(t) for t in ids if isinstance(t, numbers.Integral)]  # numpy / torch ints
-    return ids
+class Prompt(NamedTuple):
+    """A caller's prompt as plain token ids, and why it can never run (None: it can)."""
+
+    ids: list
+    reason: str | None
 
 
-def why_invalid(req: Request, max_model_len: int, vocab_size: int,
-                alloc: KVAllocator) -> str | None:
-    """Why `req` can never run on this engine (None: it can). No state change."""
-    n = req.num_prompt_tokens
-    if n == 0:
-        return "empty prompt: a request needs at least one prompt token"
-    ids = req.prompt_token_ids
-    if not set(map(type, ids)) <= {int}:
+def read_prompt(prompt_token_ids: Iterable[object], vocab_size: int) -> Prompt:
+    """The prompt as a list (plain ints when every entry is an integer token id; the entries
+    as given otherwise) and what is wrong with it: empty, an entry that is not an integer
+    token id, or one outside [0, vocab_size). No state change."""
+    ids: list[Any] = list(prompt_token_ids)
+    if not ids:
+        return Prompt(ids, "empty prompt: a request needs at least one prompt token")
+    if not set(map(type, ids)) <= {int}:  # NOTE: the common case, checked at C speed
         odd = next((t for t in ids if not is_token_id(t)), None)
         if odd is not None:
-            return f"prompt token {odd!r} is not an integer token id"
+            return Prompt(ids, f"prompt token {odd!r} is not an integer token id")
+        ids = [int(t) for t in ids]  # numpy / torch ints
     if min(ids) < 0 or max(ids) >= vocab_size:
         bad = next(t for t in ids if not 0 <= t < vocab_size)
-        return f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})"
+        return Prompt(ids, f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
+    return Prompt(ids, None)
+
+
+def why_invalid(req: Request, max_model_len: int, alloc: KVAllocator) -> str | None:
+    """Why `req`, whose prompt `read_prompt` found fine, can never run on this engine: too
+    long, or more KV than the whole pool (None: it can). No state change."""
+    n = req.num_prompt_tokens
     if n > max_model_len:
         return f"prompt has {n} tokens, more than max_model_len={max_model_len}"
     total = req.max_total_tokens

@@ -174,6 +174,30 @@ def test_real_instances_give_the_single_engine_greedy_outputs(llama_dir):
         assert all(s.num_steps > 0 for s in res.instances)
 
 
+def test_least_loaded_routes_as_with_loads_summed_afresh_on_every_arrival(monkeypatch):
+    """Instances keep their load between changes; a router reading every load on every
+    arrival routes exactly as if each were summed over its requests anew."""
+    from schedlab.cluster.instance import Instance
+
+    rng = random.Random(3)
+    wl = [WorkloadRequest([rng.randrange(2, 999) for _ in range(rng.randint(8, 200))],
+                          rng.randint(1, 40), arrival_s=0.004 * i) for i in range(60)]
+    cfg = ClusterConfig(num_instances=3, router="least_loaded")
+    kept = Cluster(cfg, _sim()).run(wl, check=True)  # check: each kept load == a fresh one
+    load = Instance.load
+
+    def afresh(self, cached_prefix_tokens=0):
+        self.forget_load()
+        return load(self, cached_prefix_tokens)
+
+    monkeypatch.setattr(Instance, "load", afresh)
+    fresh = Cluster(cfg, _sim()).run(wl)
+    assert [s.num_routed for s in kept.instances] == [s.num_routed for s in fresh.instances]
+    assert len({s.num_routed for s in kept.instances}) > 1  # the loads did steer it
+    for a, b in zip(kept.run.requests, fresh.run.requests, strict=True):
+        assert a.metrics == b.metrics
+
+
 # ---- the command line ----------------------------------------------------------------------
 def _settings(tmp_path, *overrides):
     from schedlab.cli.settings import build_settings

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from schedlab.runs.distributions import WorkloadError
+from schedlab.runs.distributions import WorkloadError, random_tokens, sample_lengths
 from schedlab.runs.trace_rows import text_to_token_ids
 from schedlab.runs.workload import build_workload
 
@@ -97,6 +97,22 @@ def test_same_seed_same_workload():
     a, b = build_workload(spec, VOCAB, seed=11), build_workload(spec, VOCAB, seed=11)
     assert a == b
     assert a != build_workload(spec, VOCAB, seed=12)
+
+
+def test_synthetic_prompts_read_as_the_seeded_draws_every_time():
+    """A synthetic workload keeps where each prompt's draw starts, not its tokens: each read
+    gives the ids the seeded generator drew for it, as plain ints, the same every time."""
+    spec = synth(40, input_len={"dist": "uniform", "min": 1, "max": 300}, output_len=4)
+    wl = build_workload(spec, VOCAB, seed=5)
+    rng = np.random.default_rng(5)
+    lens = sample_lengths(spec["input_len"], 40, rng, "input_len")
+    expect = [random_tokens(rng, int(k), VOCAB) for k in lens]  # offline: in draw order
+    got = [list(w.prompt_token_ids) for w in wl]
+    assert got == expect and all(type(t) is int for p in got for t in p)
+    assert [w.prompt_token_ids for w in wl] == expect  # read again
+    assert [len(w.prompt_token_ids) for w in wl] == [len(p) for p in expect]
+    assert wl[3].prompt_token_ids[2:5] == expect[3][2:5]
+    assert [w.prompt_token_ids.own_ids() for w in wl] == expect  # ints of their own
 
 
 # ---- shared prefix ---------------------------------------------------------------------

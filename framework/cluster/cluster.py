@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 from schedlab import registry
@@ -21,6 +21,8 @@ from schedlab.engine import Engine
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.run_result import RunResult
+
+_INF = float("inf")
 
 
 def build_router(config: ClusterConfig) -> Router:
@@ -121,11 +123,11 @@ class Cluster:
             max_concurrency: at most this many requests in flight in the whole cluster.
             check: run `check_integrity()` after every step (tests).
         """
-        from schedlab.cluster.loop import RunLoop
+        from schedlab.cluster.loop import RunLoop, WorkloadParams
 
-        params = [SamplingParams(temperature=temperature, max_tokens=w.max_tokens,
-                                 ignore_eos=ignore_eos) for w in workload]
-        RunLoop(self, list(workload), params, None, max_concurrency, check).run()
+        workload = list(workload)
+        params = WorkloadParams(workload, temperature, ignore_eos)
+        RunLoop(self, workload, params, None, max_concurrency, check).run()
         return self.result_with_summary(self.result(max_concurrency))
 
     def begin_run(self, stream: int | None = None) -> float:
@@ -156,13 +158,13 @@ class Cluster:
 
     def next_transfer_time(self) -> float:
         """When the next KV transfer in flight arrives (inf: none). No state change."""
-        return self._transfers[0][0] if self._transfers else float("inf")
+        return self._transfers[0][0] if self._transfers else _INF
 
     def now(self) -> float:
         """The latest instance clock. No state change."""
         return max(i.now() for i in self.instances)
 
-    def route(self, k: int, prompt: list[int], params: SamplingParams, arrival: float,
+    def route(self, k: int, prompt: Sequence[int], params: SamplingParams, arrival: float,
               w: WorkloadRequest, request_id: str | None = None) -> tuple[Instance, Request]:
         """Route workload request `k` (its prompt, and `w`'s metadata) to an entry instance and
         submit it there; with one entry instance the router is not asked. Changes state.
@@ -173,11 +175,11 @@ class Cluster:
         """
         if request_id is None and len(self.instances) > 1:
             request_id = str(next(self._ids))  # unique across instances (engines count apart)
-        prompt = list(prompt)
         pool = self.entry
         if len(pool) == 1:
             j = 0
         else:
+            prompt = list(prompt)
             probe = Request(request_id=request_id or "?", prompt_token_ids=prompt,
                             sampling_params=params, arrival_time=arrival, priority=w.priority,
                             client_id=w.client_id, deadline_ms=w.deadline_ms,
@@ -223,19 +225,24 @@ class Cluster:
             anything moved (ended or went to a decode instance).
         """
         moved = False
-        if inst.role is Role.PREFILL:
+        role = inst.role
+        if role is Role.PREFILL:
             for req, num_tokens, data in inst.take_prefilled():
                 self._start_transfer(inst, req, num_tokens, data)
-                self.router.on_finished(req, self.entry.index(inst))
+                self.router.on_finished(req, inst.index)
                 moved = True
         done = inst.take_done()
+        if not done:
+            return done, moved
+        # NOTE: an instance's position in its pool: the entry pool is the first instances
+        if role is Role.DECODE:
+            assert self.decode_router is not None, "a decode pool comes with its router"
+            router, j = self.decode_router, inst.index - len(self.entry)
+        else:
+            router, j = self.router, inst.index
         for req in done:
-            if inst.role is Role.DECODE:
-                assert self.decode_router is not None, "a decode pool comes with its router"
-                self.decode_router.on_finished(req, self.decode.index(inst))
-            else:
-                self.router.on_finished(req, self.entry.index(inst))
-        return done, moved or bool(done)
+            router.on_finished(req, j)
+        return done, True
 
     def _checked(self, router: Router, j: object, n: int) -> int:
         if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < n:
@@ -266,6 +273,7 @@ class Cluster:
         instance, waiting for a decode seat or in transfer, and return the run over the
         requests submitted so far. Changes state."""
         for inst in self.instances:
+            inst.forget_load()
             for req in list(inst.in_flight.values()):
                 if req.request_id in inst.engine.requests and not req.is_finished:
                     inst.engine.abort(req.request_id)
@@ -339,13 +347,17 @@ class _Loads(Sequence[InstanceLoad]):
     def __getitem__(self, j: int | slice) -> InstanceLoad | list[InstanceLoad]:
         if isinstance(j, slice):
             return [self[k] for k in range(len(self))[j]]
-        load = self._taken[j]
-        if load is None:
-            k = range(len(self._pool))[j]  # IndexError past the end ends iteration
-            inst, probe = self._pool[k], self._probe
-            load = _reindex(inst.load(0 if probe is None else inst.cached_prefix_tokens(probe)),
-                            k)
-            self._taken[j] = load
+        load = self._taken[j]  # IndexError past the end
+        return self._take(j % len(self._taken)) if load is None else load
+
+    def __iter__(self) -> Iterator[InstanceLoad]:
+        for k, load in enumerate(self._taken):
+            yield self._take(k) if load is None else load
+
+    def _take(self, k: int) -> InstanceLoad:
+        inst, probe = self._pool[k], self._probe
+        load = _reindex(inst.load(0 if probe is None else inst.cached_prefix_tokens(probe)), k)
+        self._taken[k] = load
         return load
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from schedlab.clock import InstanceClock
@@ -80,6 +81,8 @@ class Instance:
         #: whether every unfinished request of the engine is one routed here, so that the
         #: requests ended here can be counted without a scan (see `take_done`)
         self._counted = not engine.has_unfinished()
+        #: the load as of the last change made through this instance (None: changed since)
+        self._load: InstanceLoad | None = None
 
     # ---- queries (no state change) -------------------------------------------------------
     def now(self) -> float:
@@ -93,18 +96,32 @@ class Instance:
         return self.is_busy() or bool(self.pending)
 
     def load(self, cached_prefix_tokens: int = 0) -> InstanceLoad:
-        outstanding = sum(self._remaining(r) for r in self.in_flight.values())
-        outstanding += sum(self._remaining(t.request) for t in self.pending)
-        c = self.engine.counters()
-        return InstanceLoad(
-            index=self.index,
-            num_running=c.num_running,
-            num_waiting=c.num_waiting + len(self.pending),
-            outstanding_tokens=outstanding,
-            kv_free_blocks=c.kv_free_blocks,
-            num_kv_blocks=c.num_kv_blocks,
-            cached_prefix_tokens=cached_prefix_tokens,
-        )
+        """The instance's load as routers see it (see `InstanceLoad`). No state change.
+
+        NOTE: kept from one call to the next until this instance changes (a step, a request
+        or a transfer in or out: the methods below forget it), so a router reading every
+        instance on every arrival sums over the requests only of those that changed."""
+        load = self._load
+        if load is None:
+            outstanding = sum(self._remaining(r) for r in self.in_flight.values())
+            outstanding += sum(self._remaining(t.request) for t in self.pending)
+            c = self.engine.counters()
+            load = self._load = InstanceLoad(
+                index=self.index,
+                num_running=c.num_running,
+                num_waiting=c.num_waiting + len(self.pending),
+                outstanding_tokens=outstanding,
+                kv_free_blocks=c.kv_free_blocks,
+                num_kv_blocks=c.num_kv_blocks,
+            )
+        if cached_prefix_tokens:
+            return replace(load, cached_prefix_tokens=cached_prefix_tokens)
+        return load
+
+    def forget_load(self) -> None:
+        """The engine was changed from outside this instance (an abort): the next `load`
+        reads it afresh. Changes state."""
+        self._load = None
 
     def cached_prefix_tokens(self, probe: Request) -> int:
         """Tokens of `probe`'s prompt this instance's prefix cache holds (a request that is in
@@ -118,10 +135,11 @@ class Instance:
         return prompt_left + max(0, r.sampling_params.max_tokens - r.num_output_tokens)
 
     # ---- changes -------------------------------------------------------------------------
-    def add(self, request_id: str | None, prompt: list[int], params: SamplingParams,
+    def add(self, request_id: str | None, prompt: Sequence[int], params: SamplingParams,
             arrival: float, **fields) -> Request:
         """Submit a routed request (jumping an idle instance's clock to its arrival).
         Changes state."""
+        self._load = None
         if not self.engine.has_unfinished():
             self.engine.clock.sleep_until(arrival)
         req = self.engine.add_request(prompt, params, request_id=request_id,
@@ -132,7 +150,9 @@ class Instance:
 
     def step(self) -> None:
         """Admit arrived KV transfers, then run one engine step. Changes state."""
-        self.admit_pending()
+        self._load = None
+        if self.pending:
+            self.admit_pending()
         clock = self.engine.clock
         timed = clock if isinstance(clock, InstanceClock) else None
         if timed is not None:
@@ -147,6 +167,7 @@ class Instance:
 
     def receive(self, transfer: KVTransfer) -> None:
         """A transfer's KV has arrived here: queue it for a seat. Changes state."""
+        self._load = None
         if not self.engine.has_unfinished():
             self.engine.clock.sleep_until(transfer.ready_time)
         self.pending.append(transfer)
@@ -157,6 +178,8 @@ class Instance:
     def admit_pending(self) -> None:
         """Move arrived transfers into the engine in arrival order while seats and KV allow;
         one that cannot fit even an idle instance is rejected. Changes state."""
+        if self.pending:
+            self._load = None
         while self.pending:
             t = self.pending[0]
             if can_admit(self.engine, t):
@@ -181,6 +204,7 @@ class Instance:
                      - len(sched.waiting))
             if ended == 0:
                 return []
+            self._load = None
             plan = self.engine.last_plan
             if plan is not None:
                 done = [r for r in map(_REQUEST, plan.scheduled)
@@ -192,6 +216,8 @@ class Instance:
         done = [r for r in in_flight.values() if r.is_finished]
         for r in done:
             del in_flight[r.request_id]
+        if done:
+            self._load = None
         return done
 
     def take_prefilled(self) -> list[tuple[Request, int, list | None]]:
@@ -202,6 +228,7 @@ class Instance:
             (request, prompt tokens whose KV moves, the KV or None) per request.
         """
         out = []
+        self._load = None
         for r in list(self.in_flight.values()):
             if r.output_token_ids and not r.is_finished:
                 num_tokens, data = take_prefilled(self.engine, r)
@@ -240,6 +267,12 @@ class Instance:
     def check_integrity(self) -> None:
         """Raise AssertionError if the engine's state or this instance's books disagree."""
         self.engine.check_integrity()
+        kept = self._load
+        if kept is not None:
+            self._load = None
+            fresh = self.load()
+            self._load = kept
+            assert fresh == kept, f"instance {self.index} kept the load {kept} but has {fresh}"
         for rid, r in self.in_flight.items():
             assert r.request_id == rid, f"instance {self.index} files {r.request_id} as {rid}"
         for t in self.pending:

@@ -23,11 +23,13 @@ thus submit everything at once, and a request that waits for a seat counts the w
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from schedlab.request import Request, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
+from schedlab.runs.prompts import LazyTokens
 from schedlab.runs.sessions import next_turns
 
 if TYPE_CHECKING:
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 #: consecutive steps without progress (no plan run, nothing ended or moved) before the loop
 #: gives up on a stuck plugin
 MAX_STALLED_STEPS = 1000
+
+_INF = math.inf
 
 
 class RunLoop:
@@ -75,10 +79,13 @@ class RunLoop:
 
     def next_release(self) -> float:
         """When the next release can happen (inf: none left, or no free seat)."""
-        if not self.releases or self.seats == []:
-            return float("inf")
-        t = self.start + self.releases[0][0]
-        return max(t, self.seats[0]) if self.seats else t
+        releases, seats = self.releases, self.seats
+        if not releases:
+            return _INF
+        t = self.start + releases[0][0]
+        if seats is None:
+            return t
+        return max(t, seats[0]) if seats else _INF
 
     def run(self, bar=None) -> None:
         """Handle events until every request has ended. `bar`: a progress bar told of each
@@ -89,27 +96,34 @@ class RunLoop:
         """
         self.bar = bar
         cluster = self.cluster
+        check = self.check
+        alone = len(cluster.instances) == 1  # NOTE: and so no KV transfers
         stalled = 0
         while True:
             inst = self._next_busy()
-            t_busy = inst.now() if inst is not None else float("inf")
+            t_busy = inst.now() if inst is not None else _INF
             t_release = self.next_release()
             t_transfer = cluster.next_transfer_time()
-            if t_release < float("inf") and t_release <= t_busy and t_release <= t_transfer:
+            if t_release < _INF and t_release <= t_busy and t_release <= t_transfer:
                 self._queue(self.release(t_release))
-            elif t_transfer < float("inf") and t_transfer <= t_busy:
+            elif t_transfer < _INF and t_transfer <= t_busy:
                 dst = cluster.deliver_next()
                 self.ended(dst)
                 self._queue(dst)
             elif inst is not None:
-                stepped = cluster.step(inst, self.check)
-                if self.ended(inst) or stepped:
-                    stalled = 0
-                else:
-                    stalled += 1
-                    if stalled > MAX_STALLED_STEPS:
-                        raise RuntimeError(self._stuck(f"instance {inst.index} made no progress "
-                                                       f"in {stalled} steps"))
+                while True:
+                    stepped = cluster.step(inst, check)
+                    if self.ended(inst) or stepped:
+                        stalled = 0
+                    else:
+                        stalled += 1
+                        if stalled > MAX_STALLED_STEPS:
+                            raise RuntimeError(self._stuck(
+                                f"instance {inst.index} made no progress in {stalled} steps"))
+                    # NOTE: a lone instance steps on while it is busy and no release is due:
+                    # what the next round would choose, without the busy heap
+                    if not (alone and inst.is_busy() and inst.now() < self.next_release()):
+                        break
                 self._queue(inst)
             elif cluster.has_pending():  # transfers that wait for nothing: admit or reject
                 cluster.admit_pending()
@@ -139,18 +153,24 @@ class RunLoop:
         again since, or is idle, is dropped when it surfaces.
         An empty heap is refilled from a scan, so an instance made busy some other way is
         still found."""
+        inst = self._top()
+        if inst is None:
+            for i in self.cluster.is_busy():
+                self._queue(i)
+            inst = self._top()
+        return inst
+
+    def _top(self) -> Instance | None:
+        """The heap's first entry that is current and busy (dropping those before it)."""
         heap, filed, instances = self._busy, self._filed, self.cluster.instances
-        for _ in range(2):
-            while heap:
-                t, j = heap[0]
+        while heap:
+            t, j = heap[0]
+            if filed.get(j) == t:
                 inst = instances[j]
-                if filed.get(j) == t and inst.is_busy():
+                if inst.is_busy():
                     return inst
-                heapq.heappop(heap)
-                if filed.get(j) == t:
-                    del filed[j]
-            for inst in self.cluster.is_busy():
-                self._queue(inst)
+                del filed[j]
+            heapq.heappop(heap)
         return None
 
     def _stuck(self, what: str) -> str:
@@ -165,9 +185,13 @@ class RunLoop:
         if self.seats is not None:
             heapq.heappop(self.seats)
         w = self.workload[i]
-        inst, req = self.cluster.route(
-            i, self.prompts.pop(i, w.prompt_token_ids), self.params[i], t, w,
-            None if self.ids is None else self.ids[i])
+        prompt: Sequence[int] | None = self.prompts.pop(i, None)
+        if prompt is None:
+            prompt = w.prompt_token_ids
+            if self.stream and isinstance(prompt, LazyTokens):
+                prompt = prompt.own_ids()  # NOTE: freed when the request retires
+        inst, req = self.cluster.route(i, prompt, self.params[i], t, w,
+                                       None if self.ids is None else self.ids[i])
         self.index[id(req)] = i
         self.outstanding += 1
         self.ended(inst)  # rejected on arrival
@@ -196,6 +220,33 @@ class RunLoop:
             if self.stream:
                 self.cluster.retire(i, inst, r)
         return moved
+
+
+class WorkloadParams(Sequence[SamplingParams]):
+    """Each request's `SamplingParams`, `temperature` and `ignore_eos` with its workload
+    request's `max_tokens`, made when read (the run loop reads each once, at its release,
+    so a long run holds none of them)."""
+
+    def __init__(self, workload: Sequence[WorkloadRequest], temperature: float,
+                 ignore_eos: bool) -> None:
+        self._workload = workload
+        self._temperature = temperature
+        self._ignore_eos = ignore_eos
+
+    def __len__(self) -> int:
+        return len(self._workload)
+
+    @overload
+    def __getitem__(self, i: int) -> SamplingParams: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[SamplingParams]: ...
+
+    def __getitem__(self, i: int | slice) -> SamplingParams | list[SamplingParams]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(len(self))[i]]
+        return SamplingParams(temperature=self._temperature,
+                              max_tokens=self._workload[i].max_tokens,
+                              ignore_eos=self._ignore_eos)
 
 
 def _finish_time(req: Request, default: float) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,8 @@ class WorkloadRequest:
     """One request of a workload.
 
     Args:
-        prompt_token_ids: the prompt.
+        prompt_token_ids: the prompt (a list; a synthetic workload's is a
+            `schedlab.runs.prompts.LazyTokens`, which draws its list when read).
         max_tokens: output tokens to generate (exact when EOS is ignored).
         arrival_s: seconds after the start of the run at which the request arrives.
         priority: lower runs first under a priority queue (vLLM's convention).
@@ -42,7 +43,7 @@ class WorkloadRequest:
         think_time_s: the user's pause between the previous answer and this turn.
     """
 
-    prompt_token_ids: list[int]
+    prompt_token_ids: Sequence[int]
     max_tokens: int
     arrival_s: float = 0.0
     priority: int = 0

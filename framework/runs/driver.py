@@ -62,14 +62,13 @@ def run_workload(
             lost or stalls them), within `schedlab.cluster.loop.MAX_STALLED_STEPS` steps.
     """
     from schedlab.cluster.cluster import Cluster
-    from schedlab.cluster.loop import RunLoop
+    from schedlab.cluster.loop import RunLoop, WorkloadParams
 
     for name, xs in (("params", params), ("request_ids", request_ids)):
         if xs is not None and len(xs) != len(workload):
             raise ValueError(f"{len(workload)} requests but {len(xs)} {name}")
     if params is None:
-        params = [SamplingParams(temperature=temperature, max_tokens=w.max_tokens,
-                                 ignore_eos=ignore_eos) for w in workload]
+        params = WorkloadParams(workload, temperature, ignore_eos)
     cluster = target if isinstance(target, Cluster) else Cluster.around(target)
     loop = RunLoop(cluster, list(workload), params, request_ids, max_concurrency, check,
                    stream=not save_detailed)

@@ -49,6 +49,7 @@ from schedlab.runs.distributions import (
     sample_lengths,
     set_arrivals,
 )
+from schedlab.runs.prompts import lazy_prompts
 from schedlab.runs.sessions import build_sessions
 from schedlab.runs.traces import load_trace
 
@@ -136,8 +137,9 @@ def _generate(kind: str, spec: Mapping[str, Any], n: int, vocab_size: int,
         return []
     inputs = sample_lengths(input_len or spec.get("input_len"), n, rng, "input_len")
     outputs = sample_lengths(output_len or spec.get("output_len"), n, rng, "output_len")
+    prompts: Sequence[Sequence[int]]
     if kind == "synthetic":
-        prompts = [random_tokens(rng, int(k), vocab_size) for k in inputs]
+        prompts = lazy_prompts(rng, inputs, vocab_size)
     else:
         prompts = _shared_prefix_prompts(spec, inputs, vocab_size, rng)
     return [WorkloadRequest(p, int(o)) for p, o in zip(prompts, outputs, strict=True)]
