@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--router", default="round_robin", help="the replicas' router")
     ap.add_argument("--rate", type=float, help="arrivals per second (default 25)")
     ap.add_argument("--no-save-detailed", action="store_true",
-                    help="stream (driver.save_detailed=false): summary metrics only")
+                    help="stream (driver.save_detailed=false): no per-request lists")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-fidelity", action="store_true")
     ap.add_argument("--hardware-profile", help="a calibrated profile JSON (default: calibrate)")

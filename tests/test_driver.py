@@ -35,6 +35,15 @@ def wl(n: int, prompt: int = 8, out: int = 4, arrivals: list[float] | None = Non
     return [WorkloadRequest(list(range(2, 2 + prompt)), out, arrival_s=a) for a in arrivals]
 
 
+def test_a_bad_max_tokens_is_refused_before_anything_runs(monkeypatch):
+    """The sampling parameters are made at each release, but checked before the first step:
+    a bad request late in a workload does not cost the run that comes before it."""
+    eng = fake_engine(monkeypatch)
+    work = wl(3) + [WorkloadRequest(list(range(2, 10)), 0, arrival_s=5.0)]
+    with pytest.raises(ValueError, match="max_tokens must be a positive integer, got 0"):
+        run_workload(eng, work)
+    assert eng.counters().num_steps == 0
+
 def test_a_run_after_the_step_records_were_drained_keeps_its_own_steps(monkeypatch):
     # a server drains the records it has read; the step count goes on
     eng = fake_engine(monkeypatch)

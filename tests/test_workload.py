@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +115,29 @@ def test_synthetic_prompts_read_as_the_seeded_draws_every_time():
     assert wl[3].prompt_token_ids[2:5] == expect[3][2:5]
     assert [w.prompt_token_ids.own_ids() for w in wl] == expect  # ints of their own
 
+
+
+def test_a_lazy_prompt_reads_like_its_list_from_any_thread():
+    """Read as a list reads (membership, index, reversed, + with a list), and the same from
+    threads reading at once (every prompt of a workload shares one replay generator)."""
+    spec = synth(8, input_len=3000, output_len=4)
+    wl = build_workload(spec, VOCAB, seed=3)
+    expect = [list(w.prompt_token_ids) for w in wl]
+    p, ids = wl[0].prompt_token_ids, expect[0]
+    assert p.index(ids[-1]) == ids.index(ids[-1]) and ids[7] in p
+    assert list(reversed(p)) == ids[::-1] and p.count(ids[0]) == ids.count(ids[0])
+    assert [1] + p == [1] + ids and p + [1] == ids + [1]
+    wrong = []
+
+    def read(k: int) -> None:
+        wrong.extend(k for _ in range(60) if list(wl[k].prompt_token_ids) != expect[k])
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
 
 # ---- shared prefix ---------------------------------------------------------------------
 def test_shared_prefix_groups_share_exactly_the_prefix():

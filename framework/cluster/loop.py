@@ -232,6 +232,11 @@ class WorkloadParams(Sequence[SamplingParams]):
         self._workload = workload
         self._temperature = temperature
         self._ignore_eos = ignore_eos
+        # NOTE: checked here, before the run, as building them all would: the first request
+        # whose parameters are not plain valid ones is built, to raise SamplingParams' error
+        for k, w in enumerate(workload):
+            if k == 0 or type(w.max_tokens) is not int or w.max_tokens < 1:
+                self[k]
 
     def __len__(self) -> int:
         return len(self._workload)

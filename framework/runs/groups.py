@@ -28,8 +28,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from schedlab.request import Request, RequestStatus
-
 if TYPE_CHECKING:
     from schedlab.runs.request_stats import RequestStats
 
@@ -269,12 +267,6 @@ def _split(positions: np.ndarray, codes: np.ndarray, names: Sequence[str]
     return dict(sorted(groups.items()))
 
 
-def is_completed(r: Request) -> bool:
-    """Whether a request ended normally with at least one token (vLLM's "completed")."""
-    return r.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH) and bool(
-        r.metrics.token_times)
-
-
 def per_second(n: float, duration: float) -> float:
     return n / duration if duration > 0 else 0.0
 
@@ -287,13 +279,6 @@ def percentile_keys(name: str, values_ms: np.ndarray, percentiles: Sequence[floa
         word = str(int(p)) if float(p).is_integer() else str(p)
         out[f"p{word}_{name}_ms"] = float(np.percentile(values_ms, p))
     return out
-
-
-def since_arrival(r: Request, t: float | None) -> float:
-    """Seconds from the request's arrival to `t`, one of its timestamps that a completed
-    request has (first scheduled, first token, finished)."""
-    assert t is not None, f"request {r.request_id} lacks a timestamp a completed one has"
-    return t - r.metrics.arrival_time
 
 
 def _num_met_deadline(stats: RequestStats, positions: np.ndarray) -> int:

@@ -3,6 +3,7 @@ seeded generator instead of the prompt's tokens."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
@@ -16,7 +17,10 @@ class LazyTokens(Sequence[int]):
     draw and its length (~0.15 KB, instead of 8 bytes a token held for the whole run); every
     read gives the list `random_tokens` drew then. `lazy_prompts` makes them.
 
-    NOTE: each read draws the whole list again; take `list(...)` once to read it often.
+    It reads like the list (`len`, iteration, indexing, `in`, `index`, `count`, `reversed`,
+    `+` with a list, equality with a list) but is not one: `list(...)` it for anything else
+    (JSON, a tensor). NOTE: each read draws the whole list again; take `list(...)` once to
+    read it often.
     """
 
     __slots__ = ("_replay", "_at", "_n", "_vocab")
@@ -47,9 +51,30 @@ class LazyTokens(Sequence[int]):
     def __getitem__(self, i: int | slice) -> int | list[int]:
         return self._ids()[i]
 
+    def __contains__(self, token: object) -> bool:
+        return token in self._ids()
+
+    def __reversed__(self) -> Iterator[int]:
+        return reversed(self._ids())
+
+    def index(self, token: Any, start: int = 0, stop: int | None = None) -> int:
+        ids = self._ids()
+        return ids.index(token, start, len(ids) if stop is None else stop)
+
+    def count(self, token: Any) -> int:
+        return self._ids().count(token)
+
+    def __add__(self, other: list[int]) -> list[int]:
+        return self._ids() + other
+
+    def __radd__(self, other: list[int]) -> list[int]:
+        return other + self._ids()
+
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, LazyTokens | list | tuple):
-            return self._ids() == list(other)
+        if isinstance(other, LazyTokens):
+            return self._ids() == other._ids()
+        if isinstance(other, list):
+            return self._ids() == other
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  # equal to a list: not hashable either
@@ -70,6 +95,8 @@ class _Replay:
 
     def __init__(self, bits: np.random.PCG64) -> None:
         self._stream = bits
+        #: one draw at a time: the replay generator is shared by every prompt of the workload
+        self._lock = threading.Lock()
         self._inc = bits.state["state"]["inc"]
         self._bits = np.random.PCG64(0)
         self._rng = np.random.Generator(self._bits)
@@ -82,12 +109,13 @@ class _Replay:
     def draw(self, at: int, n: int, vocab_size: int, shared: bool) -> list[int]:
         """`random_tokens` of `n` ids from position `at` (`shared`: referring to the shared
         ints, as it does; else ints of their own). The stream itself does not move."""
-        self._bits.state = {"bit_generator": "PCG64",
-                            "state": {"state": at & _MASK128, "inc": self._inc},
-                            "has_uint32": at >> 160, "uinteger": at >> 128 & 0xFFFFFFFF}
-        if shared:
-            return random_tokens(self._rng, n, vocab_size)
-        return self._rng.integers(FIRST_TOKEN_ID, vocab_size, size=n).tolist()
+        with self._lock:
+            self._bits.state = {"bit_generator": "PCG64",
+                                "state": {"state": at & _MASK128, "inc": self._inc},
+                                "has_uint32": at >> 160, "uinteger": at >> 128 & 0xFFFFFFFF}
+            if shared:
+                return random_tokens(self._rng, n, vocab_size)
+            return self._rng.integers(FIRST_TOKEN_ID, vocab_size, size=n).tolist()
 
 
 def lazy_prompts(rng: np.random.Generator, lengths: Iterable[Any],

@@ -13,7 +13,6 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from schedlab.request import Request, RequestStatus
-from schedlab.runs.groups import is_completed, since_arrival
 
 #: `RequestStats.status` values
 OPEN, COMPLETED, REJECTED, FAILED = 0, 1, 2, 3
@@ -21,6 +20,19 @@ OPEN, COMPLETED, REJECTED, FAILED = 0, 1, 2, 3
 NO_GROUP = -1
 #: tokens per chunk of `RequestStats.token_chunks`
 CHUNK_TOKENS = 1 << 20
+
+
+def is_completed(r: Request) -> bool:
+    """Whether a request ended normally with at least one token (vLLM's "completed")."""
+    return r.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH) and bool(
+        r.metrics.token_times)
+
+
+def since_arrival(r: Request, t: float | None) -> float:
+    """Seconds from the request's arrival to `t`, one of its timestamps that a completed
+    request has (first scheduled, first token, finished)."""
+    assert t is not None, f"request {r.request_id} lacks a timestamp a completed one has"
+    return t - r.metrics.arrival_time
 
 
 class RequestStats:

@@ -101,6 +101,8 @@ class StepShape:
         padded = kv if pad_waste is None else kv - dec_kv + padded_decode_kv(dec, pad_waste)
         return cls(tokens, n, n - len(dec), sum(done), pre_pairs + dec_kv, kv,
                    sum(map(len, map(_SWAP_IN, scheduled))) + len(plan.swap_out), padded, dec_kv)
+
+
 class _DecodeShape:
     """The `StepShape` fields `CostModel` reads, for a step of one-token sequences (see
     `CostModel.decode_step_time`); a frozen dataclass costs more to build than its step."""
