@@ -71,10 +71,8 @@ class LazyTokens(Sequence[int]):
         return other + self._ids()
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, LazyTokens):
-            return self._ids() == other._ids()
-        if isinstance(other, list):
-            return self._ids() == other
+        if isinstance(other, LazyTokens | list):
+            return self._ids() == list(other)
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  # equal to a list: not hashable either
