@@ -48,3 +48,30 @@ def test_ctrl_c_mid_run_keeps_partial_results_and_exits_130(tmp_path, llama_dir)
     assert 0 < saved["completed"] < 400
     runs = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
     assert runs and runs[0].stat().st_size > 0
+
+
+def test_a_ctrl_c_whose_exception_was_swallowed_still_stops_the_run():
+    """SIGINT handled inside a finalizer (an abandoned generator, a `__del__`) has its
+    KeyboardInterrupt printed and dropped by Python; the latch raises it again at the run
+    loop's next event, so the run stops there instead of going on to the end."""
+    from fakes import FakeExecutor
+
+    from schedlab.config import EngineConfig
+    from schedlab.engine import Engine
+    from schedlab.runs.distributions import WorkloadRequest
+    from schedlab.runs.driver import run_workload
+    from schedlab.runs.interrupt import InterruptLatch
+
+    eng = Engine(EngineConfig(model="fake"), executor_cls=FakeExecutor)
+    work = [WorkloadRequest(list(range(2, 10)), 50, arrival_s=0.01 * i) for i in range(4)]
+    with InterruptLatch() as latch:
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # watched
+        latch.hit = True  # the handler ran; its exception went nowhere
+        try:
+            run_workload(eng, work, interrupt=latch)
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("the run went on to the end after a Ctrl-C")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    assert eng.counters().num_steps == 0

@@ -63,6 +63,7 @@ def execute(s: RunSettings) -> dict[str, Any]:
     resolve_plugins(s.engine)  # a broken plugin or option fails first, before torch and the model
     from schedlab.cluster import Cluster, ClusterConfig
     from schedlab.runs.driver import run_workload
+    from schedlab.runs.interrupt import InterruptLatch
     from schedlab.runs.metrics import compute_metrics
     from schedlab.runs.results import collect_environment, write_results
     from schedlab.runs.workload import build_workload
@@ -89,9 +90,11 @@ def execute(s: RunSettings) -> dict[str, Any]:
     run = None
     try:
         try:
-            run = run_workload(cluster, workload, temperature=s.temperature,
-                               ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
-                               progress=s.progress, save_detailed=s.save_detailed)
+            with InterruptLatch() as latch:
+                run = run_workload(cluster, workload, temperature=s.temperature,
+                                   ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
+                                   progress=s.progress, save_detailed=s.save_detailed,
+                                   interrupt=latch)
         except KeyboardInterrupt:  # partial results, then the one line
             res = cluster.interrupt()
             run = res.run

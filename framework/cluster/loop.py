@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, overload
 
 from schedlab.request import Request, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
+from schedlab.runs.interrupt import InterruptLatch
 from schedlab.runs.prompts import LazyTokens
 from schedlab.runs.sessions import next_turns
 
@@ -69,6 +70,8 @@ class RunLoop:
         self.index: dict[int, int] = {}  # id(request) -> its workload index
         self.outstanding = 0  # released and not ended
         self.bar = None
+        #: a Ctrl-C to raise again if its KeyboardInterrupt was swallowed (None: not watched)
+        self.interrupt: InterruptLatch | None = None
         #: busy instances by (clock, index), and the clock each was last filed at
         self._busy: list[tuple[float, int]] = []
         self._filed: dict[int, float] = {}
@@ -97,9 +100,12 @@ class RunLoop:
         self.bar = bar
         cluster = self.cluster
         check = self.check
+        latch = self.interrupt
         alone = len(cluster.instances) == 1  # NOTE: and so no KV transfers
         stalled = 0
         while True:
+            if latch is not None and latch.hit:
+                latch.check()
             inst = self._next_busy()
             t_busy = inst.now() if inst is not None else _INF
             t_release = self.next_release()
@@ -112,6 +118,8 @@ class RunLoop:
                 self._queue(dst)
             elif inst is not None:
                 while True:
+                    if latch is not None and latch.hit:
+                        latch.check()
                     stepped = cluster.step(inst, check)
                     if self.ended(inst) or stepped:
                         stalled = 0

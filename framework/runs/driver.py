@@ -13,6 +13,7 @@ from schedlab.runs.run_result import RunResult
 if TYPE_CHECKING:
     from schedlab.cluster.cluster import Cluster
     from schedlab.engine import Engine
+    from schedlab.runs.interrupt import InterruptLatch
 
 
 def run_workload(
@@ -27,6 +28,7 @@ def run_workload(
     request_ids: Sequence[str] | None = None,
     check: bool = False,
     save_detailed: bool = True,
+    interrupt: InterruptLatch | None = None,
 ) -> RunResult:
     """Release the workload at its arrival times and step the instances until every request
     has ended.
@@ -50,6 +52,8 @@ def run_workload(
             it ends and forgotten, so a run keeps 8 bytes per token and a few numbers per
             request instead of the requests (the same summary, per-client, per-SLO-class
             and fairness figures included; no per-request lists in the metrics).
+        interrupt: a Ctrl-C watched by the caller (`schedlab run`), raised again at the next
+            event should its KeyboardInterrupt have been swallowed.
 
     Returns:
         The run: every request finished or rejected, in workload order, with its timestamps
@@ -72,6 +76,7 @@ def run_workload(
     cluster = target if isinstance(target, Cluster) else Cluster.around(target)
     loop = RunLoop(cluster, list(workload), params, request_ids, max_concurrency, check,
                    stream=not save_detailed)
+    loop.interrupt = interrupt
     bar = progress_bar(len(workload), progress)
     try:
         loop.run(bar)
