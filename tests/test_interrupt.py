@@ -14,6 +14,13 @@ import time
 SCHEDLAB = [sys.executable, "-c", "import sys; from schedlab.cli import main; sys.exit(main())"]
 
 
+def _as_from_a_terminal() -> None:
+    """SIGINT at its default in the child, as a shell's foreground job has it: a suite started
+    in the background (`cmd &`, nohup) passes SIGINT on ignored, and Python then leaves it
+    ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_mid_run_keeps_partial_results_and_exits_130(tmp_path, llama_dir):
     out = tmp_path / "run"
     env = dict(os.environ, WANDB_MODE="offline", HYDRA_FULL_ERROR="")
@@ -22,7 +29,8 @@ def test_ctrl_c_mid_run_keeps_partial_results_and_exits_130(tmp_path, llama_dir)
          "logger=wandb", "plots=false", "workload.num_requests=400",
          "workload.arrival.process=poisson", "workload.arrival.rate=20",
          "workload.output_len.max=16", "driver.progress=true"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=_as_from_a_terminal)
     err = bytearray()
 
     def read() -> None:
@@ -64,14 +72,18 @@ def test_a_ctrl_c_whose_exception_was_swallowed_still_stops_the_run():
 
     eng = Engine(EngineConfig(model="fake"), executor_cls=FakeExecutor)
     work = [WorkloadRequest(list(range(2, 10)), 50, arrival_s=0.01 * i) for i in range(4)]
-    with InterruptLatch() as latch:
-        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # watched
-        latch.hit = True  # the handler ran; its exception went nowhere
-        try:
-            run_workload(eng, work, interrupt=latch)
-        except KeyboardInterrupt:
-            pass
-        else:
-            raise AssertionError("the run went on to the end after a Ctrl-C")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # as `schedlab run` has it
+    try:
+        with InterruptLatch() as latch:
+            assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # watched
+            latch.hit = True  # the handler ran; its exception went nowhere
+            try:
+                run_workload(eng, work, interrupt=latch)
+            except KeyboardInterrupt:
+                pass
+            else:
+                raise AssertionError("the run went on to the end after a Ctrl-C")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, outer)
     assert eng.counters().num_steps == 0
