@@ -273,12 +273,7 @@ class Cluster:
         instance, waiting for a decode seat or in transfer, and return the run over the
         requests submitted so far. Changes state."""
         for inst in self.instances:
-            inst.forget_load()
-            for req in list(inst.in_flight.values()):
-                if req.request_id in inst.engine.requests and not req.is_finished:
-                    inst.engine.abort(req.request_id)
-            inst.pending.clear()
-            inst.in_flight.clear()
+            inst.abort_all()
         now = self.now()
         for req in self._record.routed.values():
             if not req.is_finished:  # in transfer or waiting for a seat

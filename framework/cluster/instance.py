@@ -123,6 +123,17 @@ class Instance:
         reads it afresh. Changes state."""
         self._load = None
 
+    def abort_all(self) -> None:
+        """Abort every request in flight here and drop those waiting for a seat (a run cut
+        short). Changes state."""
+        self._load = None
+        engine = self.engine
+        for req in list(self.in_flight.values()):
+            if req.request_id in engine.requests and not req.is_finished:
+                engine.abort(req.request_id)
+        self.pending.clear()
+        self.in_flight.clear()
+
     def cached_prefix_tokens(self, probe: Request) -> int:
         """Tokens of `probe`'s prompt this instance's prefix cache holds (a request that is in
         no engine). No state change."""

@@ -25,9 +25,10 @@ _PROMPT, _OUTPUT = attrgetter("request.prompt_token_ids"), attrgetter("request.o
 _SWAP_IN = attrgetter("swap_in")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepShape:
-    """The aggregates of one step's plan that its cost depends on.
+    """The aggregates of one step's plan that its cost depends on: a value, built once per
+    simulated step and only read (not frozen: a frozen one costs 5x more to build).
 
     Args:
         num_tokens: tokens run (prefill chunks plus decodes).
@@ -101,23 +102,6 @@ class StepShape:
         padded = kv if pad_waste is None else kv - dec_kv + padded_decode_kv(dec, pad_waste)
         return cls(tokens, n, n - len(dec), sum(done), pre_pairs + dec_kv, kv,
                    sum(map(len, map(_SWAP_IN, scheduled))) + len(plan.swap_out), padded, dec_kv)
-
-
-class _DecodeShape:
-    """The `StepShape` fields `CostModel` reads, for a step of one-token sequences (see
-    `CostModel.decode_step_time`); a frozen dataclass costs more to build than its step."""
-
-    __slots__ = ("num_tokens", "num_seqs", "num_prefills", "num_sampled", "attn_pairs",
-                 "kv_tokens", "num_swapped_blocks", "padded_kv_tokens", "decode_kv_tokens")
-
-    def __init__(self, num_seqs: int, num_sampled: int, kv_tokens: int,
-                 num_swapped_blocks: int) -> None:
-        self.num_tokens = self.num_seqs = num_seqs
-        self.num_prefills = 0
-        self.num_sampled = num_sampled
-        self.attn_pairs = self.kv_tokens = self.padded_kv_tokens = kv_tokens
-        self.decode_kv_tokens = kv_tokens
-        self.num_swapped_blocks = num_swapped_blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,14 +227,14 @@ class CostModel:
     def decode_step_time(self, num_seqs: int, num_sampled: int, kv_tokens: int,
                          num_swapped_blocks: int, block_size: int, graphs: bool = False) -> float:
         """`step_time` of `num_seqs` sequences running one token each over `kv_tokens` context
-        tokens in all, decodes unpadded (`StepShape(num_seqs, num_seqs, 0, num_sampled,
-        kv_tokens, kv_tokens, num_swapped_blocks, kv_tokens, kv_tokens)`), without building
-        the shape: the common step at high load."""
-        t = self._terms(_DecodeShape(num_seqs, num_sampled, kv_tokens, num_swapped_blocks),
-                        block_size, graphs)
+        tokens in all, decodes unpadded, its shape built without walking a plan: the common
+        step at high load."""
+        shape = StepShape(num_seqs, num_seqs, 0, num_sampled, kv_tokens, kv_tokens,
+                          num_swapped_blocks, kv_tokens, kv_tokens)
+        t = self._terms(shape, block_size, graphs)
         return t[11] + t[9] + t[10]
 
-    def _terms(self, shape: StepShape | _DecodeShape, block_size: int,
+    def _terms(self, shape: StepShape, block_size: int,
                graphs: bool) -> tuple[float, ...]:
         """`StepCost`'s terms in its order, then their device sum (as `StepCost.device`)."""
         hw, spec, layers = self.hw, self.spec, self.spec.num_layers
