@@ -17,6 +17,24 @@ def is_token_id(t: object) -> bool:
     return type(t) is int or (isinstance(t, numbers.Integral) and not isinstance(t, bool))
 
 
+class InRangeIds(list):
+    """A prompt whose maker vouches that every id is a plain int in [0, `bound`): a synthetic
+    workload's own seeded draw (`schedlab.runs.prompts`), which `read_prompt` takes as it is,
+    without reading each id, where `bound` is within the vocabulary. Any other prompt, a
+    user's list included, gets every check.
+
+    Args:
+        ids: the token ids.
+        bound: every id is below it.
+    """
+
+    __slots__ = ("bound",)
+
+    def __init__(self, ids: Iterable[int], bound: int) -> None:
+        super().__init__(ids)
+        self.bound = bound
+
+
 class Prompt(NamedTuple):
     """A caller's prompt as plain token ids, and why it can never run (None: it can)."""
 
@@ -27,7 +45,11 @@ class Prompt(NamedTuple):
 def read_prompt(prompt_token_ids: Iterable[object], vocab_size: int) -> Prompt:
     """The prompt as a list (plain ints when every entry is an integer token id; the entries
     as given otherwise) and what is wrong with it: empty, an entry that is not an integer
-    token id, or one outside [0, vocab_size). No state change."""
+    token id, or one outside [0, vocab_size). An `InRangeIds` within the vocabulary is the
+    list itself (not a copy), its ids not read. No state change."""
+    if (type(prompt_token_ids) is InRangeIds and prompt_token_ids
+            and prompt_token_ids.bound <= vocab_size):
+        return Prompt(prompt_token_ids, None)
     ids: list[Any] = list(prompt_token_ids)
     if not ids:
         return Prompt(ids, "empty prompt: a request needs at least one prompt token")

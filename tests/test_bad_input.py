@@ -185,3 +185,17 @@ def test_an_error_mid_run_leaves_the_llm_usable(llama_dir, monkeypatch):
     assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 3
     u = llm.engine.kv.usage()
     assert u.free_blocks == u.num_blocks
+
+
+def test_in_range_ids_skip_the_checks_only_within_the_vocabulary():
+    """A workload's own draw (`InRangeIds`) is taken as it is where its bound is within the
+    vocabulary, as the general path would read it; any other prompt gets every check."""
+    from schedlab.intake import InRangeIds, read_prompt
+
+    ids = [2, 9, 511]
+    fast, slow = read_prompt(InRangeIds(ids, 512), 512), read_prompt(list(ids), 512)
+    assert fast == slow and fast.reason is None and type(slow.ids) is list
+    # a bound past the vocabulary, an empty one, a user's list: the general path
+    assert "outside the vocabulary" in read_prompt(InRangeIds(ids, 1000), 100).reason
+    assert read_prompt(InRangeIds([], 512), 512).reason.startswith("empty prompt")
+    assert "outside the vocabulary" in read_prompt([2, 600], 512).reason

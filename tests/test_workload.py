@@ -341,3 +341,27 @@ def test_trace_rows_carry_tenant_columns(tmp_path):
                     "0,10,4,u1,300\n1,10,4,,\n")
     w = build_workload({"type": "trace", "format": "azure", "path": str(csvf)}, 100)
     assert [(r.client_id, r.deadline_ms) for r in w] == [("u1", 300.0), (None, None)]
+
+
+def test_synthetic_prompts_read_out_of_order_or_across_blocks_as_drawn():
+    """Prompts are drawn a block at a time (one draw of `BLOCK_TOKENS` or so, the last block
+    kept): read out of order, in order, or twice, each is its own seeded draw; the
+    generator then stands where the prompt-by-prompt draws leave it (the arrivals and
+    everything drawn after are unchanged)."""
+    from schedlab.intake import InRangeIds
+    from schedlab.runs.prompts import BLOCK_TOKENS, lazy_prompts
+
+    lens = [0, 1, BLOCK_TOKENS + 5, 7, 3, BLOCK_TOKENS - 10, 20, 0, 400] * 12
+    rng = np.random.default_rng(9)
+    rng.integers(0, 10, size=1, dtype=np.int32)  # a buffered half-draw on the stream
+    expect_rng = np.random.default_rng(9)
+    expect_rng.integers(0, 10, size=1, dtype=np.int32)
+    expect = [random_tokens(expect_rng, k, VOCAB) for k in lens]
+    got = lazy_prompts(rng, lens, VOCAB)
+    assert rng.bit_generator.state == expect_rng.bit_generator.state
+    order = np.random.default_rng(1).permutation(len(lens)).tolist()
+    assert [list(got[k]) for k in order] == [expect[k] for k in order]
+    assert [list(p) for p in got] == expect and [list(p) for p in got[::-1]] == expect[::-1]
+    for own in (True, False):
+        ids = got[2].read(own=own)
+        assert type(ids) is InRangeIds and ids == expect[2] and ids.bound == VOCAB

@@ -179,7 +179,8 @@ class Cluster:
         if len(pool) == 1:
             j = 0
         else:
-            prompt = list(prompt)
+            if not isinstance(prompt, list):
+                prompt = list(prompt)
             probe = Request(request_id=request_id or "?", prompt_token_ids=prompt,
                             sampling_params=params, arrival_time=arrival, priority=w.priority,
                             client_id=w.client_id, deadline_ms=w.deadline_ms,

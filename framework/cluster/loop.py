@@ -196,8 +196,9 @@ class RunLoop:
         prompt: Sequence[int] | None = self.prompts.pop(i, None)
         if prompt is None:
             prompt = w.prompt_token_ids
-            if self.stream and isinstance(prompt, LazyTokens):
-                prompt = prompt.own_ids()  # NOTE: freed when the request retires
+            if isinstance(prompt, LazyTokens):
+                # NOTE: streaming: ints of its own, freed when the request retires
+                prompt = prompt.read(own=self.stream)
         inst, req = self.cluster.route(i, prompt, self.params[i], t, w,
                                        None if self.ids is None else self.ids[i])
         self.index[id(req)] = i

@@ -58,11 +58,11 @@ class WorkloadRequest:
 def random_tokens(rng: np.random.Generator, n: int, vocab_size: int) -> list[int]:
     """`n` token ids drawn uniformly from [2, vocab_size)."""
     ids = rng.integers(FIRST_TOKEN_ID, vocab_size, size=n)
-    return _token_ints(vocab_size)[ids].tolist()
+    return token_ints(vocab_size)[ids].tolist()
 
 
 @functools.lru_cache(maxsize=4)
-def _token_ints(vocab_size: int) -> np.ndarray:
+def token_ints(vocab_size: int) -> np.ndarray:
     """Every token id as one shared int object (an object array): a prompt's list refers to
     them, 8 bytes a token instead of an int of its own (a million prompts' worth)."""
     return np.arange(vocab_size).astype(object)

@@ -1,5 +1,5 @@
-"""Prompts drawn when read: a synthetic workload keeps where each prompt's draw starts on its
-seeded generator instead of the prompt's tokens."""
+"""Prompts drawn when read: a synthetic workload keeps where each block of prompts starts on its
+seeded generator instead of the prompts' tokens."""
 
 from __future__ import annotations
 
@@ -9,13 +9,19 @@ from typing import Any, overload
 
 import numpy as np
 
-from schedlab.runs.distributions import FIRST_TOKEN_ID, random_tokens
+from schedlab.intake import InRangeIds
+from schedlab.runs.distributions import FIRST_TOKEN_ID, random_tokens, token_ints
+
+#: a block of consecutive prompts, drawn in one call, holds about this many tokens: a prompt
+#: read again out of order draws its block again, one read in order draws each block once
+BLOCK_TOKENS = 2048
 
 
 class LazyTokens(Sequence[int]):
-    """A prompt of random token ids drawn when read: where its generator stood before the
-    draw and its length (~0.15 KB, instead of 8 bytes a token held for the whole run); every
-    read gives the list `random_tokens` drew then. `lazy_prompts` makes them.
+    """A prompt of random token ids drawn when read: its block of prompts on the seeded
+    generator, where in the block it starts and its length (~0.15 KB, instead of 8 bytes a
+    token held for the whole run); every read gives the list `random_tokens` drew then.
+    `lazy_prompts` makes them.
 
     It reads like the list (`len`, iteration, indexing, `in`, `index`, `count`, `reversed`,
     `+` with a list, equality with a list) but is not one: `list(...)` it for anything else
@@ -23,22 +29,30 @@ class LazyTokens(Sequence[int]):
     read it often.
     """
 
-    __slots__ = ("_replay", "_at", "_n", "_vocab")
+    __slots__ = ("_replay", "_block", "_offset", "_n")
 
-    def __init__(self, replay: _Replay, at: int, n: int, vocab_size: int) -> None:
-        self._replay, self._at, self._n, self._vocab = replay, at, n, vocab_size
+    def __init__(self, replay: _Replay, block: int, offset: int, n: int) -> None:
+        self._replay, self._block, self._offset, self._n = replay, block, offset, n
 
     def __len__(self) -> int:
         return self._n
 
     def _ids(self) -> list[int]:
-        return self._replay.draw(self._at, self._n, self._vocab, shared=True)
+        return self._replay.draw(self._block, self._offset, self._n, shared=True)
 
-    def own_ids(self) -> list[int]:
+    def own_ids(self) -> InRangeIds:
         """The list, its ints its own rather than the shared ones a read refers to: 32 bytes
         more a token, but nothing far away to touch in making or freeing it (for a prompt
         forgotten soon after, as a streaming run's)."""
-        return self._replay.draw(self._at, self._n, self._vocab, shared=False)
+        return self.read(own=True)
+
+    def read(self, own: bool) -> InRangeIds:
+        """The list, as an `InRangeIds` (every id a plain int in [2, the vocabulary), which
+        the engine's intake takes without reading each); `own`: ints of their own (see
+        `own_ids`), else the shared ones."""
+        r = self._replay
+        return InRangeIds(r.draw(self._block, self._offset, self._n, shared=not own),
+                          r.vocab_size)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._ids())
@@ -88,44 +102,82 @@ _MASK128 = (1 << 128) - 1
 
 
 class _Replay:
-    """Draws of one PCG64 stream again, from positions saved along it: each position one int
-    (the 128-bit state, the buffered 32 bits above it, the buffer's flag above those)."""
+    """Draws of one PCG64 stream again, block by block, from the positions saved at each
+    block's start: each position one int (the 128-bit state, the buffered 32 bits above it,
+    the buffer's flag above those). The last block drawn is kept (~16 KB), so that reading
+    the prompts in order draws each block once.
 
-    def __init__(self, bits: np.random.PCG64) -> None:
+    NOTE: `integers(size=a + b)` draws what `integers(size=a)` then `integers(size=b)` do
+    (one 32-bit draw after the other, rejections included), so a block's draw is its prompts'
+    draws one after the other."""
+
+    def __init__(self, bits: np.random.PCG64, vocab_size: int) -> None:
         self._stream = bits
+        self.vocab_size = vocab_size
         #: one draw at a time: the replay generator is shared by every prompt of the workload
         self._lock = threading.Lock()
         self._inc = bits.state["state"]["inc"]
         self._bits = np.random.PCG64(0)
         self._rng = np.random.Generator(self._bits)
+        #: each block's start on the stream and its number of tokens
+        self._starts: list[int] = []
+        self._sizes: list[int] = []
+        self._kept_block = -1
+        self._kept = np.zeros(0, np.int64)
 
     def position(self) -> int:
         """Where the stream stands now. No state change."""
         st = self._stream.state
         return st["state"]["state"] | st["uinteger"] << 128 | st["has_uint32"] << 160
 
-    def draw(self, at: int, n: int, vocab_size: int, shared: bool) -> list[int]:
-        """`random_tokens` of `n` ids from position `at` (`shared`: referring to the shared
-        ints, as it does; else ints of their own). The stream itself does not move."""
+    def add_block(self, num_tokens: int) -> int:
+        """Note a block of `num_tokens` starting where the stream stands now (its caller
+        then draws them from the stream). Returns the block's index. Changes state."""
+        self._starts.append(self.position())
+        self._sizes.append(num_tokens)
+        return len(self._sizes) - 1
+
+    def draw(self, block: int, offset: int, n: int, shared: bool) -> list[int]:
+        """The `n` ids from `offset` in `block`, as `random_tokens` drew them (`shared`:
+        referring to the shared ints, as it does; else ints of their own). The stream itself
+        does not move."""
         with self._lock:
-            self._bits.state = {"bit_generator": "PCG64",
-                                "state": {"state": at & _MASK128, "inc": self._inc},
-                                "has_uint32": at >> 160, "uinteger": at >> 128 & 0xFFFFFFFF}
-            if shared:
-                return random_tokens(self._rng, n, vocab_size)
-            return self._rng.integers(FIRST_TOKEN_ID, vocab_size, size=n).tolist()
+            if self._kept_block != block:
+                at = self._starts[block]
+                self._bits.state = {"bit_generator": "PCG64",
+                                    "state": {"state": at & _MASK128, "inc": self._inc},
+                                    "has_uint32": at >> 160,
+                                    "uinteger": at >> 128 & 0xFFFFFFFF}
+                self._kept = self._rng.integers(FIRST_TOKEN_ID, self.vocab_size,
+                                                size=self._sizes[block])
+                self._kept_block = block
+            ids = self._kept[offset:offset + n]
+        if shared:
+            return token_ints(self.vocab_size)[ids].tolist()
+        return ids.tolist()
 
 
 def lazy_prompts(rng: np.random.Generator, lengths: Iterable[Any],
                  vocab_size: int) -> list[Sequence[int]]:
     """`[random_tokens(rng, k, vocab_size) for k in lengths]`, each prompt a `LazyTokens`
     that draws its list when read (plain lists for a generator other than PCG64); `rng` moves
-    on as those draws move it."""
+    on as those draws move it (one draw per block of `BLOCK_TOKENS`)."""
     if type(rng.bit_generator) is not np.random.PCG64:
         return [random_tokens(rng, int(k), vocab_size) for k in lengths]
-    replay = _Replay(rng.bit_generator)
+    replay = _Replay(rng.bit_generator, vocab_size)
+    sizes = [int(k) for k in lengths]
     out: list[Sequence[int]] = []
-    for k in lengths:
-        out.append(LazyTokens(replay, replay.position(), int(k), vocab_size))
-        rng.integers(FIRST_TOKEN_ID, vocab_size, size=int(k))  # the draw `random_tokens` makes
+    i = 0
+    while i < len(sizes):
+        j, total = i, 0
+        while j < len(sizes) and total < BLOCK_TOKENS:
+            total += sizes[j]
+            j += 1
+        b = replay.add_block(total)
+        offset = 0
+        for k in sizes[i:j]:
+            out.append(LazyTokens(replay, b, offset, k))
+            offset += k
+        rng.integers(FIRST_TOKEN_ID, vocab_size, size=total)  # the draws `random_tokens` make
+        i = j
     return out
