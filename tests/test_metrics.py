@@ -144,3 +144,56 @@ def test_parse_slo():
         parse_slo("ttft=0")
     with pytest.raises(ValueError, match="key=milliseconds"):
         parse_slo("ttft")
+
+
+def test_token_times_filed_in_bulk_read_as_filed_one_by_one(monkeypatch):
+    """A streaming run files each request's token times into a pending list moved into the
+    run's buffer in bulk: the metrics read from it equal those of every request read at
+    once, whether the move happened mid-run, at the end, or several times."""
+    import random
+
+    from schedlab.runs import request_stats
+    from schedlab.runs.request_stats import RequestStats
+
+    rnd = random.Random(3)
+    reqs = []
+    for k in range(60):
+        t0 = rnd.random() * 10
+        times = sorted(t0 + rnd.random() for _ in range(rnd.randint(1, 40)))
+        reqs.append(_request(str(k), rnd.randint(1, 9), t0, t0, times))
+    full = compute_metrics(RunResult(requests=reqs, duration_s=12.0, step_stats=[],
+                                     num_preemptions=0, prefix_hit_rate=0.0))
+    for pending in (1, 7, 1 << 16):
+        monkeypatch.setattr(request_stats, "_PENDING_TIMES", pending)
+        stats = RequestStats(len(reqs), 0.0)
+        for k in rnd.sample(range(len(reqs)), len(reqs)):  # in the order they end
+            stats.add(k, reqs[k])
+        got = compute_metrics(RunResult(requests=[], duration_s=12.0, step_stats=[],
+                                        num_preemptions=0, prefix_hit_rate=0.0, stats=stats))
+        assert got == {k: v for k, v in full.items() if k in got}
+        done = stats.completed
+        assert stats.itls(done) == full["itls"]
+
+
+def test_steps_csv_reads_as_the_csv_module_writes_it(tmp_path, monkeypatch):
+    """steps.csv, written row by row as one format, is byte for byte what `csv.writer`
+    writes of the same records (floats by repr, ints by str, \\r\\n line ends)."""
+    import csv
+    import dataclasses
+    from operator import attrgetter
+
+    from schedlab.cli import app
+
+    steps = [_step(i, i % 5, reserved=16 * i, used=12 * i, blocks=i % 9) for i in range(1, 40)]
+    for i, s in enumerate(steps):
+        s.time, s.step_time, s.framework_time = i / 7, 1e-5 / (i + 1), 2.5e-17 * i
+    names = [f.name for f in dataclasses.fields(StepStats)]
+    with open(tmp_path / "ref.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(names)
+        w.writerows(map(attrgetter(*names), steps))
+    monkeypatch.setattr(app, "_ROWS_PER_WRITE", 8)  # several writes
+    out = app.write_steps_csv(tmp_path / "steps.csv", steps)
+    assert out.read_bytes() == (tmp_path / "ref.csv").read_bytes()
+    app.write_steps_csv(tmp_path / "empty.csv", [])
+    assert (tmp_path / "empty.csv").read_text().splitlines() == [",".join(names)]

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from schedlab.cluster.instance import Instance, InstanceSummary
 from schedlab.request import Request
 from schedlab.runs.request_stats import RequestStats
 from schedlab.runs.run_result import RunResult
-from schedlab.stats import EngineCounters
+from schedlab.stats import EngineCounters, StepStats
+
+_TIME = itemgetter(0)
 
 
 @dataclass(slots=True)
@@ -73,37 +76,28 @@ class RunRecord:
                 self.stats.add(k, r)
             self.routed.clear()
             requests = []
-        tagged = []
+        several = len(instances) > 1
         counters = []
+        per_instance = []
         for n, inst in enumerate(instances):
             e = inst.engine
             c0 = self.counters[n] if self.counters else None
-            c1 = e.counters()
-            counters.append((c0, c1))
+            counters.append((c0, e.counters()))
             first = self.first_step[n] if self.first_step else 0
-            tagged += [(s.time, n, s) for s in e.step_stats[first:]]
-        tagged.sort(key=lambda x: x[0])  # stable: one instance's steps keep their order
-        used = [0] * len(instances)
-        running = [0] * len(instances)
-        cluster_used, cluster_running = [], []
-        total_used = total_running = 0  # NOTE: sums over instances, kept as one changes
-        for _, n, s in tagged:
-            total_used += s.kv_used_blocks - used[n]
-            total_running += s.num_running - running[n]
-            used[n], running[n] = s.kv_used_blocks, s.num_running
-            cluster_used.append(total_used)
-            cluster_running.append(total_running)
+            per_instance.append(e.step_stats[first:])
+        # NOTE: one instance: its steps as they are, and no cluster-wide series
+        steps, cluster_used, cluster_running = (_merged(per_instance) if several
+                                                else (per_instance[0], [], []))
 
         def delta(name: str) -> int:
             return sum(getattr(c1, name) - (getattr(c0, name) if c0 else 0)
                        for c0, c1 in counters)
 
         hits, queried = delta("num_prefix_hit_tokens"), delta("num_prefix_query_tokens")
-        several = len(instances) > 1
         return RunResult(
             requests=requests,
             duration_s=max(i.now() for i in instances) - self.start,
-            step_stats=[s for _, _, s in tagged],
+            step_stats=steps,
             num_preemptions=delta("num_preemptions"),
             prefix_hit_rate=hits / queried if queried else 0.0,
             start_time=self.start,
@@ -112,7 +106,25 @@ class RunRecord:
             max_concurrency=max_concurrency,
             num_prefix_hit_tokens=hits,
             num_swaps=delta("num_swaps"),
-            kv_used_blocks=cluster_used if several else [],
-            num_running=cluster_running if several else [],
+            kv_used_blocks=cluster_used,
+            num_running=cluster_running,
             stats=self.stats,
         )
+
+
+def _merged(per_instance: list[list[StepStats]]) -> tuple[list[StepStats], list[int], list[int]]:
+    """Every instance's steps in time order (ties: the lower instance first, each instance's
+    in its order), and the cluster's KV blocks in use and running requests after each."""
+    tagged = [(s.time, n, s) for n, steps in enumerate(per_instance) for s in steps]
+    tagged.sort(key=_TIME)  # stable: one instance's steps keep their order
+    used = [0] * len(per_instance)
+    running = [0] * len(per_instance)
+    cluster_used, cluster_running = [], []
+    total_used = total_running = 0  # NOTE: sums over instances, kept as one changes
+    for _, n, s in tagged:
+        total_used += s.kv_used_blocks - used[n]
+        total_running += s.num_running - running[n]
+        used[n], running[n] = s.kv_used_blocks, s.num_running
+        cluster_used.append(total_used)
+        cluster_running.append(total_running)
+    return [s for _, _, s in tagged], cluster_used, cluster_running

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -136,15 +137,20 @@ def compute_metrics(
 def engine_metrics(run: RunResult) -> dict[str, Any]:
     """Engine-side metrics from the per-step series (none of them in vLLM's benchmark)."""
     steps = run.step_stats
-    reserved = sum(s.kv_reserved_tokens for s in steps)
-    used = sum(s.kv_used_tokens for s in steps)
+    n = len(steps)
+
+    def column(name: str) -> list:
+        return list(map(attrgetter(name), steps))
+
+    reserved = sum(map(attrgetter("kv_reserved_tokens"), steps))
+    used = sum(map(attrgetter("kv_used_tokens"), steps))
     # NOTE: a cluster's KV use is every instance's used blocks at each step over the whole
     # cluster's pool (one instance's peak over the cluster's pool would shrink with N)
-    kv_blocks = run.kv_used_blocks or [s.kv_used_blocks for s in steps]
-    running = run.num_running or [s.num_running for s in steps]
+    kv_blocks = run.kv_used_blocks or column("kv_used_blocks")
+    running = run.num_running or column("num_running")
     peak_blocks = max(kv_blocks, default=0)
     return {
-        "num_steps": len(steps),
+        "num_steps": n,
         "num_preemptions": run.num_preemptions,
         "num_swaps": run.num_swaps,
         "prefix_cache_hit_rate": run.prefix_hit_rate,
@@ -153,16 +159,16 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
         "peak_kv_usage_pct": 100.0 * peak_blocks / run.num_kv_blocks if run.num_kv_blocks else 0.0,
         "mean_kv_usage_pct": (100.0 * float(np.mean(kv_blocks)) / run.num_kv_blocks
                               if kv_blocks and run.num_kv_blocks else 0.0),
-        "mean_kv_reserved_tokens": reserved / len(steps) if steps else 0.0,
-        "mean_kv_used_tokens": used / len(steps) if steps else 0.0,
+        "mean_kv_reserved_tokens": reserved / n if n else 0.0,
+        "mean_kv_used_tokens": used / n if n else 0.0,
         "kv_waste_pct": 100.0 * (1.0 - used / reserved) if reserved else 0.0,
-        "mean_batch_size": _mean([s.num_scheduled_seqs for s in steps]),
+        "mean_batch_size": _mean(column("num_scheduled_seqs")),
         "mean_num_running": _mean(running),
         "max_num_running": max(running, default=0),
-        "mean_num_waiting": _mean([s.num_waiting for s in steps]),
-        "mean_tokens_per_step": _mean([s.num_scheduled_tokens for s in steps]),
-        "mean_step_time_ms": 1000.0 * _mean([s.step_time for s in steps]),
-        "mean_framework_time_ms": 1000.0 * _mean([s.framework_time for s in steps]),
+        "mean_num_waiting": _mean(column("num_waiting")),
+        "mean_tokens_per_step": _mean(column("num_scheduled_tokens")),
+        "mean_step_time_ms": 1000.0 * _mean(column("step_time")),
+        "mean_framework_time_ms": 1000.0 * _mean(column("framework_time")),
         **step_phase_metrics(steps),
     }
 

@@ -20,6 +20,8 @@ OPEN, COMPLETED, REJECTED, FAILED = 0, 1, 2, 3
 NO_GROUP = -1
 #: tokens per chunk of `RequestStats.token_chunks`
 CHUNK_TOKENS = 1 << 20
+#: token times filed before they move into the run's buffer in one go
+_PENDING_TIMES = 1 << 16
 
 
 def is_completed(r: Request) -> bool:
@@ -63,6 +65,9 @@ class RequestStats:
         self.num_tokens = np.zeros(n, np.int64)
         self._times = np.empty(max(16, n))
         self._times_len = 0
+        #: token times filed since they were last moved into `_times` (in bulk: a list's
+        #: `+=` costs a fraction of a numpy assignment's set-up per request)
+        self._pending: list[float] = []
         #: each request's client and SLO class, as an index into `client_names` /
         #: `slo_class_names` (`NO_GROUP`: none), and its deadline (ms; NaN: none)
         self.client = np.full(n, NO_GROUP, np.int32)
@@ -108,15 +113,31 @@ class RequestStats:
         self.queue[k] = since_arrival(r, m.first_scheduled_time)
 
     def _file_times(self, k: int, times: list[float]) -> None:
+        pending = self._pending
+        self.token_at[k], self.num_tokens[k] = self._times_len + len(pending), len(times)
+        pending += times
+        if len(pending) >= _PENDING_TIMES:
+            self._move_pending()
+
+    def _move_pending(self) -> None:
+        """Append the pending token times to `_times`. Changes state (not what it reads as)."""
+        pending = self._pending
+        if not pending:
+            return
         start = self._times_len
-        end = start + len(times)
+        end = start + len(pending)
         if end > len(self._times):
             grown = np.empty(max(end, 2 * len(self._times)))
             grown[:start] = self._times[:start]
             self._times = grown
-        self._times[start:end] = times
-        self.token_at[k], self.num_tokens[k] = start, len(times)
+        self._times[start:end] = pending
         self._times_len = end
+        self._pending = []
+
+    def _all_times(self) -> np.ndarray:
+        """The buffer of every filed token time (see `token_at`)."""
+        self._move_pending()
+        return self._times
 
     # ---- what metrics read (no state change) ---------------------------------------------
     @property
@@ -154,6 +175,7 @@ class RequestStats:
         """The token times of the requests at `positions`, request after request, in chunks
         of whole requests of about `CHUNK_TOKENS` tokens (so that reading them costs no
         index arrays of the run's size): (times, each request's token count) per chunk."""
+        times = self._all_times()
         counts = self.num_tokens[positions]
         ends = np.cumsum(counts)
         lo = 0
@@ -163,7 +185,7 @@ class RequestStats:
             c = counts[lo:hi]
             before = np.cumsum(c) - c
             idx = np.repeat(self.token_at[positions[lo:hi]] - before, c) + np.arange(int(c.sum()))
-            yield self._times[idx], c
+            yield times[idx], c
             lo = hi
 
     def token_times(self, positions: np.ndarray) -> np.ndarray:
@@ -198,7 +220,8 @@ class RequestStats:
 
     def itls(self, done: np.ndarray) -> list[list[float]]:
         """Each completed request's gaps, as lists."""
-        return [np.diff(self._times[a:a + c]).tolist()
+        times = self._all_times()
+        return [np.diff(times[a:a + c]).tolist()
                 for a, c in zip(self.token_at[done].tolist(), self.num_tokens[done].tolist(),
                                 strict=True)]
 
