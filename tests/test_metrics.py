@@ -197,3 +197,20 @@ def test_steps_csv_reads_as_the_csv_module_writes_it(tmp_path, monkeypatch):
     assert out.read_bytes() == (tmp_path / "ref.csv").read_bytes()
     app.write_steps_csv(tmp_path / "empty.csv", [])
     assert (tmp_path / "empty.csv").read_text().splitlines() == [",".join(names)]
+
+
+def test_percentile_keys_equal_one_percentile_call_each():
+    """The percentiles of a series, taken in one call, are each the value its own
+    `np.percentile` call gives (bit for bit)."""
+    import numpy as np
+
+    from schedlab.runs.groups import percentile_keys
+
+    rng = np.random.default_rng(4)
+    for n in (1, 2, 7, 10_001):
+        a = rng.random(n) * 1000.0
+        ps = (50, 90, 95, 99, 99.9, 0, 100)
+        got = percentile_keys("x", a, ps)
+        assert list(got.values()) == [float(np.percentile(a, p)) for p in ps]
+        assert list(got) == [f"p{w}_x_ms" for w in ("50", "90", "95", "99", "99.9", "0", "100")]
+    assert percentile_keys("x", np.ones(3), ()) == {}

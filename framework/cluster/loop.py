@@ -117,11 +117,16 @@ class RunLoop:
                 self.ended(dst)
                 self._queue(dst)
             elif inst is not None:
+                # NOTE: the next release moves only when something ends (a seat, a next turn)
+                t_release = self.next_release()
                 while True:
                     if latch is not None and latch.hit:
                         latch.check()
                     stepped = cluster.step(inst, check)
-                    if self.ended(inst) or stepped:
+                    if self.ended(inst):
+                        stalled = 0
+                        t_release = self.next_release()
+                    elif stepped:
                         stalled = 0
                     else:
                         stalled += 1
@@ -130,7 +135,7 @@ class RunLoop:
                                 f"instance {inst.index} made no progress in {stalled} steps"))
                     # NOTE: a lone instance steps on while it is busy and no release is due:
                     # what the next round would choose, without the busy heap
-                    if not (alone and inst.is_busy() and inst.now() < self.next_release()):
+                    if not (alone and inst.is_busy() and inst.now() < t_release):
                         break
                 self._queue(inst)
             elif cluster.has_pending():  # transfers that wait for nothing: admit or reject

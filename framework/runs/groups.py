@@ -274,10 +274,12 @@ def per_second(n: float, duration: float) -> float:
 def percentile_keys(name: str, values_ms: np.ndarray, percentiles: Sequence[float]
                     ) -> dict[str, float]:
     """`p50_<name>_ms`-style keys (vLLM's) of a series already in ms."""
+    # NOTE: one partition for every percentile: each value equals its own call's
+    values = np.percentile(values_ms, list(percentiles)).tolist() if len(percentiles) else []
     out = {}
-    for p in percentiles:
+    for p, v in zip(percentiles, values, strict=True):
         word = str(int(p)) if float(p).is_integer() else str(p)
-        out[f"p{word}_{name}_ms"] = float(np.percentile(values_ms, p))
+        out[f"p{word}_{name}_ms"] = float(v)
     return out
 
 

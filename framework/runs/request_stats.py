@@ -130,7 +130,7 @@ class RequestStats:
             grown = np.empty(max(end, 2 * len(self._times)))
             grown[:start] = self._times[:start]
             self._times = grown
-        self._times[start:end] = pending
+        self._times[start:end] = np.fromiter(pending, np.float64, len(pending))
         self._times_len = end
         self._pending = []
 
