@@ -14,7 +14,7 @@ from schedlab.runs.distributions import FIRST_TOKEN_ID, random_tokens, token_int
 
 #: a block of consecutive prompts, drawn in one call, holds about this many tokens: a prompt
 #: read again out of order draws its block again, one read in order draws each block once
-BLOCK_TOKENS = 2048
+BLOCK_TOKENS = 1024
 
 
 class LazyTokens(Sequence[int]):
@@ -104,8 +104,9 @@ _MASK128 = (1 << 128) - 1
 class _Replay:
     """Draws of one PCG64 stream again, block by block, from the positions saved at each
     block's start: each position one int (the 128-bit state, the buffered 32 bits above it,
-    the buffer's flag above those). The last block drawn is kept (~16 KB), so that reading
-    the prompts in order draws each block once.
+    the buffer's flag above those). The last block drawn is kept (~8 KB), so that reading
+    the prompts in order draws each block once; a prompt read out of order draws its block
+    only up to its end.
 
     NOTE: `integers(size=a + b)` draws what `integers(size=a)` then `integers(size=b)` do
     (one 32-bit draw after the other, rejections included), so a block's draw is its prompts'
@@ -142,14 +143,16 @@ class _Replay:
         referring to the shared ints, as it does; else ints of their own). The stream itself
         does not move."""
         with self._lock:
-            if self._kept_block != block:
+            if self._kept_block != block or len(self._kept) < offset + n:
                 at = self._starts[block]
                 self._bits.state = {"bit_generator": "PCG64",
                                     "state": {"state": at & _MASK128, "inc": self._inc},
                                     "has_uint32": at >> 160,
                                     "uinteger": at >> 128 & 0xFFFFFFFF}
-                self._kept = self._rng.integers(FIRST_TOKEN_ID, self.vocab_size,
-                                                size=self._sizes[block])
+                # NOTE: a block's first prompt draws the whole block (a read in order goes
+                # on in it); one further in, read out of order, only up to its end
+                size = self._sizes[block] if offset == 0 else offset + n
+                self._kept = self._rng.integers(FIRST_TOKEN_ID, self.vocab_size, size=size)
                 self._kept_block = block
             ids = self._kept[offset:offset + n]
         if shared:
