@@ -113,7 +113,7 @@ def test_synthetic_prompts_read_as_the_seeded_draws_every_time():
     assert [w.prompt_token_ids for w in wl] == expect  # read again
     assert [len(w.prompt_token_ids) for w in wl] == [len(p) for p in expect]
     assert wl[3].prompt_token_ids[2:5] == expect[3][2:5]
-    assert [w.prompt_token_ids.own_ids() for w in wl] == expect  # ints of their own
+    assert [w.prompt_token_ids.read(own=True) for w in wl] == expect  # ints of their own
 
 
 

@@ -12,8 +12,8 @@ import numpy as np
 from schedlab.intake import InRangeIds
 from schedlab.runs.distributions import FIRST_TOKEN_ID, random_tokens, token_ints
 
-#: a block of consecutive prompts, drawn in one call, holds about this many tokens: a prompt
-#: read again out of order draws its block again, one read in order draws each block once
+#: a block of consecutive prompts, drawn in one call, holds about this many tokens: reading
+#: the prompts in order draws each block once, a prompt read out of order its block up to it
 BLOCK_TOKENS = 1024
 
 
@@ -40,16 +40,11 @@ class LazyTokens(Sequence[int]):
     def _ids(self) -> list[int]:
         return self._replay.draw(self._block, self._offset, self._n, shared=True)
 
-    def own_ids(self) -> InRangeIds:
-        """The list, its ints its own rather than the shared ones a read refers to: 32 bytes
-        more a token, but nothing far away to touch in making or freeing it (for a prompt
-        forgotten soon after, as a streaming run's)."""
-        return self.read(own=True)
-
     def read(self, own: bool) -> InRangeIds:
         """The list, as an `InRangeIds` (every id a plain int in [2, the vocabulary), which
-        the engine's intake takes without reading each); `own`: ints of their own (see
-        `own_ids`), else the shared ones."""
+        the engine's intake takes without reading each). `own`: its ints its own rather than
+        the shared ones a read refers to: 32 bytes more a token, but nothing far away to touch
+        in making or freeing it (for a prompt forgotten soon after, as a streaming run's)."""
         r = self._replay
         return InRangeIds(r.draw(self._block, self._offset, self._n, shared=not own),
                           r.vocab_size)
