@@ -168,3 +168,42 @@ def test_results_json_writes_numpy_scalars_paths_and_non_finite_floats_as_json(t
                                                                         "busy": None}]},
                    "where": "/tmp/x"}
     assert config == {"seed": 0}
+
+
+def test_a_run_collects_less_often_and_leaves_the_collector_as_it_found_it(monkeypatch):
+    """Inside a run the cyclic collector's young threshold is raised (a run's objects die
+    young); afterwards, after an error too, the caller's thresholds are back, and a
+    collector switched off (threshold 0) stays off."""
+    import gc
+
+    from schedlab.runs.driver import GC_YOUNG_THRESHOLD
+
+    eng = fake_engine(monkeypatch)
+    seen = []
+    step = eng.step
+
+    def watched_step():
+        seen.append(gc.get_threshold()[0])
+        return step()
+
+    monkeypatch.setattr(eng, "step", watched_step)
+    old = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        run_workload(eng, wl(2))
+        assert set(seen) == {GC_YOUNG_THRESHOLD} and gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(0)
+        seen.clear()
+        run_workload(eng, wl(2))
+        assert set(seen) == {0} and gc.get_threshold()[0] == 0
+        gc.set_threshold(700, 10, 10)
+
+        def failing_step():
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(eng, "step", failing_step)
+        with pytest.raises(RuntimeError, match="boom"):
+            run_workload(eng, wl(1))
+        assert gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*old)

@@ -50,7 +50,10 @@ def run(cfg: DictConfig, group: str | None = None,
     Raises:
         ConfigError, PluginError, WorkloadError: a bad configuration, before any work starts.
     """
-    return execute(build_settings(cfg, group=group, run_name=run_name))
+    from schedlab.runs.driver import fewer_collections
+
+    with fewer_collections():  # NOTE: the whole job: the workload, the run, its metrics
+        return execute(build_settings(cfg, group=group, run_name=run_name))
 
 
 def execute(s: RunSettings) -> dict[str, Any]:
