@@ -70,7 +70,7 @@ class PagedKVAllocator(KVAllocator):
         return new
 
     def allocate_next_tokens(self, requests: Sequence[Request]) -> list[list[int] | None]:
-        tables, tokens, bs = self._tables, self._tokens, self.block_size
+        tables, tokens, bs, free = self._tables, self._tokens, self.block_size, self._free
         out: list[list[int] | None] = []
         add = out.append
         short = False
@@ -79,7 +79,18 @@ class PagedKVAllocator(KVAllocator):
             table = tables.get(rid)
             n = r.num_computed_tokens + 1
             if table is None or len(table) * bs < n:  # a new block (one in every block_size)
-                if not short and self.can_allocate(r, n):
+                if not short and table is not None and free and (len(table) + 1) * bs >= n:
+                    # NOTE: `allocate(r, n)` of the one block it takes, inline (the tokens the
+                    # table was grown for are below its old size, so below n)
+                    b = free.popleft()
+                    self._is_free[b] = False
+                    self._refs[b] = 1
+                    self._num_used += 1
+                    self._num_table_slots += bs
+                    table.append(b)
+                    tokens[rid] = n
+                    add(table)
+                elif not short and self.can_allocate(r, n):
                     self.allocate(r, n)
                     add(tables[rid])
                 else:
