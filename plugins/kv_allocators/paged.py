@@ -119,20 +119,24 @@ class PagedKVAllocator(KVAllocator):
         table = self._tables.pop(request.request_id, [])
         self._tokens.pop(request.request_id, None)
         self._num_table_slots -= len(table) * self.block_size
+        refs = self._refs
         orphaned = []
+        add = orphaned.append
         # Freed in reverse so a request's tail blocks are evicted/reused first.
         for b in reversed(table):
-            self._refs[b] -= 1
-            if self._refs[b] == 0:
-                self._num_used -= 1
-                orphaned.append(b)
+            left = refs[b] - 1
+            refs[b] = left
+            if not left:
+                add(b)
+        self._num_used -= len(orphaned)
         return orphaned
 
     def release(self, block_ids: Sequence[int]) -> None:
+        refs, is_free, add = self._refs, self._is_free, self._free.append
         for b in block_ids:
-            assert self._refs[b] == 0 and not self._is_free[b], f"block {b} cannot be released"
-            self._is_free[b] = True
-            self._free.append(b)
+            assert refs[b] == 0 and not is_free[b], f"block {b} cannot be released"
+            is_free[b] = True
+            add(b)
 
     def ref_count(self, block_id: int) -> int:
         return self._refs[block_id]
