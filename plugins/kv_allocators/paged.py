@@ -120,7 +120,7 @@ class PagedKVAllocator(KVAllocator):
         self._tokens.pop(request.request_id, None)
         self._num_table_slots -= len(table) * self.block_size
         refs = self._refs
-        orphaned = []
+        orphaned: list[int] = []
         add = orphaned.append
         # Freed in reverse so a request's tail blocks are evicted/reused first.
         for b in reversed(table):
