@@ -105,8 +105,13 @@ class AdmissionControl:
             starts.append(done)
         if not run:
             return i, budget
+        stop = i + len(run)
         tables = self.kv.allocate_next_tokens(run)
-        ready = tables.index(None) if None in tables else len(run)
+        if None not in tables:  # NOTE: the common step: the pool had a slot for every decode
+            out.scheduled.extend(map(ScheduledRequest, run, repeat(1), starts,
+                                     cast("list[list[int]]", tables)))
+            return stop, budget - len(run)
+        ready = tables.index(None)
         add = out.scheduled.append
         # NOTE: the entries up to the first request the pool was short for, built by `map`
         held = cast("list[list[int]]", tables[:ready])
@@ -120,7 +125,7 @@ class AdmissionControl:
             j, left = self._continue(out, i + k, budget - k)  # evict or preempt for it
             if self.num_preemptions != num_preemptions:
                 return j, left  # the run's positions moved; the caller goes on from j
-        return i + len(run), budget - len(run)  # each of the run took one token
+        return stop, budget - len(run)  # each of the run took one token
 
     def _continue(self, out: SchedulerOutput, i: int, budget: int) -> tuple[int, int]:
         """Plan `running[i]`'s next tokens (a decode, or its prompt or the next chunk of it),

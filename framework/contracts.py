@@ -46,19 +46,27 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
     requests: set[object] = set()  # a Request hashes by identity
     add = requests.add
     for sr in scheduled:
-        req, n, start = sr.request, sr.num_new_tokens, sr.start
+        req = sr.request
         add(req)
-        end = start + n
+        start, n = sr.start, sr.num_new_tokens
         num_prompt = len(req.prompt_token_ids)
-        num_tokens = num_prompt + len(req.output_token_ids)
-        if (n < 1 or start != req.num_computed_tokens or req.status is not running
-                or end > num_tokens or len(sr.block_ids) * bs < end):
-            _explain(sr, _where(scheduler, step), bs)
-        if n != 1 or start < num_prompt:  # not a decode
-            num_other += 1
-            num_other_tokens += n
-        if end != num_tokens:
-            num_unsampled += 1
+        left = num_prompt + len(req.output_token_ids) - start  # tokens from start on
+        if n == 1 and left == 1:  # NOTE: a decode (or a prompt's last token): ends the sequence
+            if (start != req.num_computed_tokens or req.status is not running
+                    or len(sr.block_ids) * bs <= start):
+                _explain(sr, _where(scheduler, step), bs)
+            if start < num_prompt:
+                num_other += 1
+                num_other_tokens += 1
+        else:
+            if (n < 1 or start != req.num_computed_tokens or req.status is not running
+                    or n > left or len(sr.block_ids) * bs < start + n):
+                _explain(sr, _where(scheduler, step), bs)
+            if n != 1 or start < num_prompt:  # not a decode
+                num_other += 1
+                num_other_tokens += n
+            if n != left:
+                num_unsampled += 1
         if sr.swap_in:
             swap_in += len(sr.swap_in)
         if req.metrics.first_scheduled_time is None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from operator import attrgetter
 from typing import NoReturn
 
 from schedlab import registry
@@ -26,8 +25,6 @@ from schedlab.plan import PlanTotals
 from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerOutput
 from schedlab.stats import EngineCounters, StepStats, engine_counters, step_stats
-
-_REQUEST = attrgetter("request")
 
 
 class Engine:
@@ -296,7 +293,7 @@ class Engine:
         self._record(plan, totals, result, now, t_sched, t_update)
         self._check_accounted()
         if None not in sampled:  # NOTE: the common step: every request got a token
-            return list(map(_REQUEST, plan.scheduled))
+            return [sr.request for sr in plan.scheduled]
         return [sr.request for sr, tok in zip(plan.scheduled, sampled, strict=True)
                 if tok is not None]
 

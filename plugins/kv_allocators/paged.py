@@ -70,7 +70,7 @@ class PagedKVAllocator(KVAllocator):
         return new
 
     def allocate_next_tokens(self, requests: Sequence[Request]) -> list[list[int] | None]:
-        tables, tokens, bs = self._tables, self._tokens, self.block_size
+        tables, tokens, bs, free = self._tables, self._tokens, self.block_size, self._free
         out: list[list[int] | None] = []
         add = out.append
         short = False
@@ -79,7 +79,18 @@ class PagedKVAllocator(KVAllocator):
             table = tables.get(rid)
             n = r.num_computed_tokens + 1
             if table is None or len(table) * bs < n:  # a new block (one in every block_size)
-                if not short and self.can_allocate(r, n):
+                if not short and table is not None and free and (len(table) + 1) * bs >= n:
+                    # NOTE: `allocate(r, n)` of the one block it takes, inline (the tokens the
+                    # table was grown for are below its old size, so below n)
+                    b = free.popleft()
+                    self._is_free[b] = False
+                    self._refs[b] = 1
+                    self._num_used += 1
+                    self._num_table_slots += bs
+                    table.append(b)
+                    tokens[rid] = n
+                    add(table)
+                elif not short and self.can_allocate(r, n):
                     self.allocate(r, n)
                     add(tables[rid])
                 else:
@@ -108,20 +119,24 @@ class PagedKVAllocator(KVAllocator):
         table = self._tables.pop(request.request_id, [])
         self._tokens.pop(request.request_id, None)
         self._num_table_slots -= len(table) * self.block_size
-        orphaned = []
+        refs = self._refs
+        orphaned: list[int] = []
+        add = orphaned.append
         # Freed in reverse so a request's tail blocks are evicted/reused first.
         for b in reversed(table):
-            self._refs[b] -= 1
-            if self._refs[b] == 0:
-                self._num_used -= 1
-                orphaned.append(b)
+            left = refs[b] - 1
+            refs[b] = left
+            if not left:
+                add(b)
+        self._num_used -= len(orphaned)
         return orphaned
 
     def release(self, block_ids: Sequence[int]) -> None:
+        refs, is_free, add = self._refs, self._is_free, self._free.append
         for b in block_ids:
-            assert self._refs[b] == 0 and not self._is_free[b], f"block {b} cannot be released"
-            self._is_free[b] = True
-            self._free.append(b)
+            assert refs[b] == 0 and not is_free[b], f"block {b} cannot be released"
+            is_free[b] = True
+            add(b)
 
     def ref_count(self, block_id: int) -> int:
         return self._refs[block_id]
