@@ -70,7 +70,8 @@ def main() -> None:
                     out = ex.execute(plan)
                     step_stats(1, plan, totals, out, 0.0, 0.0, 0.0, sched, kv)
                 times.append((time.perf_counter() - t0) / args.reps * 1e6)
-            print(f"n={n:<4} {kind:<8} execute + step_stats median {statistics.median(times):6.2f} us")
+            us = statistics.median(times)
+            print(f"n={n:<4} {kind:<8} execute + step_stats median {us:6.2f} us")
 
 
 if __name__ == "__main__":

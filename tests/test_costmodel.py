@@ -119,7 +119,7 @@ def test_step_shape_from_plan_matches_lengths():
                          ids=["h100", "a100", "cpu-device"])
 @pytest.mark.parametrize("tp", [1, 2])
 def test_counts_step_time_is_step_time_bit_for_bit(hw, tp):
-    """The simulator's per-step path (aggregates, no `StepShape`) and the breakdown's total
+    """The simulator's per-step paths (aggregates, no `StepShape`) and the breakdown's total
     are the same floats: decode-only and mixed steps, swaps, graphs or not."""
     cm = CostModel(LLAMA8B, hw, 2, tp)
     cases = [([1] * 26, [70 + 13 * i for i in range(26)]), ([1], [0]), ([512], [0]),
@@ -138,7 +138,11 @@ def test_counts_step_time_is_step_time_bit_for_bit(hw, tp):
                         pre_kv, shape.kv_tokens - pre_kv, swapped, BS, graphs)
                     assert got == cm.step_time(shape, BS, graphs) == cm.step_cost(
                         shape, BS, graphs).total, (lens, sampled, swapped, graphs)
+                    if not many and all(sampled):
+                        assert got == cm.decode_step_time(len(lens), shape.kv_tokens, swapped,
+                                                          BS, graphs)
     assert cm.counts_step_time(0, 0, 0, 0, 0, 0, 0, 0, BS) == 0.0
+    assert cm.decode_step_time(0, 0, 0, BS) == 0.0
 
 
 def test_padded_decode_attention_reads_up_to_the_longest_context():

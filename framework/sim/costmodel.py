@@ -181,6 +181,8 @@ class CostModel:
         #: whatever its batch
         self._by_tokens: dict[int, tuple[float, float, float, float]] = {}
         self._lm_head_by_rows: dict[int, tuple[float, float]] = {}
+        #: decode-only steps by their sequences: `token_terms`, `lm_head_time`, the overhead
+        self._decode_by_seqs: dict[int, tuple[float, ...]] = {}
         self._eager_launch = self.kernels_per_step * hw.launch_overhead
 
     def token_terms(self, num_tokens: int) -> tuple[float, float, float, float]:
@@ -220,6 +222,31 @@ class CostModel:
         """`step_cost(...).total`, without building the breakdown."""
         t = self._terms(shape, block_size, graphs)
         return t[11] + t[9] + t[10]
+
+    def decode_step_time(self, num_seqs: int, kv_tokens: int, num_swapped_blocks: int,
+                         block_size: int, graphs: bool = False) -> float:
+        """`counts_step_time` of `num_seqs` decodes that all sample, over `kv_tokens` context
+        tokens in all: the common step at high load, its count terms and overhead one
+        memo read (bit for bit the same floats)."""
+        hw = self.hw
+        c = self._decode_by_seqs.get(num_seqs)
+        if c is None:
+            if not num_seqs:
+                return 0.0
+            c = (*self.token_terms(num_seqs), *self.lm_head_time(num_seqs),
+                 hw.step_overhead + hw.seq_overhead * num_seqs + hw.prefill_overhead * 0)
+            self._decode_by_seqs[num_seqs] = c
+        gemm, kv_write, elem, ar, lm_head, sampling, overhead = c
+        attn_dec = self.spec.num_layers * op.attention_decode_time(
+            hw, kv_tokens, self.heads, self.spec.head_dim, self.kv_bytes_per_token_layer)
+        swap = self.swap_time(num_swapped_blocks, block_size) if num_swapped_blocks else 0.0
+        # NOTE: `_terms`'s sums in its order, less its prefill attention (0.0: gemm + 0.0 is
+        # gemm)
+        device = gemm + attn_dec + kv_write + elem + lm_head + sampling + ar + swap
+        host = hw.graph_launch_overhead if graphs else self._eager_launch
+        if hw.device != "cpu":
+            host = max(0.0, host - device)
+        return device + host + overhead
 
     def counts_step_time(self, num_tokens: int, num_seqs: int, num_prefills: int,
                          num_sampled: int, prefill_pairs: int, prefill_kv_tokens: int,

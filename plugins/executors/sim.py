@@ -170,8 +170,8 @@ class SimExecutor(Executor):
                     return None
                 starts += sr.start
                 add(words[len(r.output_token_ids) % nw])
-            dt = self.cost_model.counts_step_time(n, n, 0, n, 0, 0, n + starts, swapped,
-                                                  self.block_size, n <= self.graph_max_seqs)
+            dt = self.cost_model.decode_step_time(n, n + starts, swapped, self.block_size,
+                                                  n <= self.graph_max_seqs)
             return ExecutorOutput(out, dt)
         every = t.num_sampled == n
         num_prefills = pairs = pre_kv = 0
