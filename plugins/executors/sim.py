@@ -135,10 +135,9 @@ class SimExecutor(Executor):
 
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
         t, words = plan.totals, self._words
-        out = None
         if t is not None and self.pad_waste is None and words:
             out = self._from_totals(plan, t, words)
-        if out is None:  # padding, no totals, stop ids or no visible words: walk the plan
+        else:  # padding, no totals or no visible words (the first step): walk the plan
             samples: list[bool] = []
             shape = StepShape.from_plan(plan, samples, self.pad_waste)
             graphs = shape.num_prefills == 0 and shape.num_seqs <= self.graph_max_seqs
@@ -148,11 +147,10 @@ class SimExecutor(Executor):
         return out
 
     def _from_totals(self, plan: SchedulerOutput, t: PlanTotals,
-                     words: list[int]) -> ExecutorOutput | None:
+                     words: list[int]) -> ExecutorOutput:
         """The step costed from the plan's totals and one pass over its entries (their
         starts, the shapes of the chunks running more than one token) that samples as it
-        goes: the same floats and tokens as walking the plan, bit for bit. None when an entry
-        has stop ids (the walked path avoids them).
+        goes: the same floats and tokens as walking the plan, bit for bit.
 
         NOTE: plain loops, not `map` over attrgetters: Python 3.11 specializes the slot reads.
         """
@@ -166,10 +164,11 @@ class SimExecutor(Executor):
         if tokens == n and t.num_sampled == n:  # one token each, every one sampled: decodes
             for sr in scheduled:
                 r = sr.request
-                if r.sampling_params.stop_token_ids:
-                    return None
                 starts += sr.start
-                add(words[len(r.output_token_ids) % nw])
+                if r.sampling_params.stop_token_ids:
+                    add(self._output_token(r))
+                else:
+                    add(words[len(r.output_token_ids) % nw])
             dt = self.cost_model.decode_step_time(n, n + starts, swapped, self.block_size,
                                                   n <= self.graph_max_seqs)
             return ExecutorOutput(out, dt)
@@ -177,8 +176,6 @@ class SimExecutor(Executor):
         num_prefills = pairs = pre_kv = 0
         for sr in scheduled:
             r = sr.request
-            if r.sampling_params.stop_token_ids:
-                return None
             q, s = sr.num_new_tokens, sr.start
             starts += s
             if q > 1:
@@ -186,10 +183,12 @@ class SimExecutor(Executor):
                 pairs += q * s + q * (q + 1) // 2
                 pre_kv += q + s
             output = r.output_token_ids
-            if every or s + q == len(r.prompt_token_ids) + len(output):
-                add(words[len(output) % nw])
-            else:
+            if not every and s + q != len(r.prompt_token_ids) + len(output):
                 add(None)
+            elif r.sampling_params.stop_token_ids:
+                add(self._output_token(r))
+            else:
+                add(words[len(output) % nw])
         kv = tokens + starts
         graphs = num_prefills == 0 and n <= self.graph_max_seqs
         dt = self.cost_model.counts_step_time(tokens, n, num_prefills, t.num_sampled, pairs,
