@@ -19,7 +19,6 @@ from schedlab.tokenizer import has_tokenizer, tiny_tokenizer_dir, visible_token_
 
 _STOPS = attrgetter("request.sampling_params.stop_token_ids")
 _OUTPUT = attrgetter("request.output_token_ids")
-_START = attrgetter("start")
 
 
 class SimExecutor(Executor):
