@@ -115,6 +115,36 @@ def test_step_shape_from_plan_matches_lengths():
     assert StepShape.from_plan(plan) == StepShape.from_lens([64, 1], [0, 22], [False, True])
 
 
+@pytest.mark.parametrize("hw", [H100, PRESETS["a100"], replace(PRESETS["h200"], device="cpu")],
+                         ids=["h100", "a100", "cpu-device"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_counts_step_time_is_step_time_bit_for_bit(hw, tp):
+    """The simulator's per-step paths (aggregates, no `StepShape`) and the breakdown's total
+    are the same floats: decode-only and mixed steps, swaps, graphs or not."""
+    cm = CostModel(LLAMA8B, hw, 2, tp)
+    cases = [([1] * 26, [70 + 13 * i for i in range(26)]), ([1], [0]), ([512], [0]),
+             ([1] * 5 + [300], [40, 41, 900, 3, 17, 256]), ([7, 1, 64], [0, 33, 128])]
+    for lens, starts in cases:
+        for sampled in ([True] * len(lens), [True] * (len(lens) - 1) + [False]):
+            for swapped in (0, 3):
+                shape = replace(StepShape.from_lens(lens, starts, sampled),
+                                num_swapped_blocks=swapped)
+                many = [(q, s) for q, s in zip(lens, starts, strict=True) if q > 1]
+                pairs = sum(q * s + q * (q + 1) // 2 for q, s in many)
+                pre_kv = sum(q + s for q, s in many)
+                for graphs in (False, True) if not many else (False,):
+                    got = cm.counts_step_time(
+                        shape.num_tokens, shape.num_seqs, len(many), shape.num_sampled, pairs,
+                        pre_kv, shape.kv_tokens - pre_kv, swapped, BS, graphs)
+                    assert got == cm.step_time(shape, BS, graphs) == cm.step_cost(
+                        shape, BS, graphs).total, (lens, sampled, swapped, graphs)
+                    if not many and all(sampled):
+                        assert got == cm.decode_step_time(len(lens), shape.kv_tokens, swapped,
+                                                          BS, graphs)
+    assert cm.counts_step_time(0, 0, 0, 0, 0, 0, 0, 0, BS) == 0.0
+    assert cm.decode_step_time(0, 0, 0, BS) == 0.0
+
+
 def test_padded_decode_attention_reads_up_to_the_longest_context():
     shape = StepShape.from_lens([1, 1, 8], [99, 9, 0], pad_waste=float("inf"))
     assert (shape.kv_tokens, shape.padded_kv_tokens) == (100 + 10 + 8, 2 * 100 + 8)

@@ -9,7 +9,8 @@ import pytest
 from schedlab import registry
 from schedlab.config import ConfigError, EngineConfig
 from schedlab.engine import Engine
-from schedlab.request import RequestStatus
+from schedlab.plan import SchedulerOutput
+from schedlab.request import RequestStatus, SamplingParams
 from schedlab.runs.driver import run_workload
 from schedlab.runs.workload import build_workload
 from schedlab.sim.costmodel import CostModel, StepShape
@@ -191,12 +192,16 @@ def test_decode_steps_replay_graphs_unless_eager(llama_dir, enforce_eager):
 
 
 class _BothWays:
-    """Costs every plan both ways: from the engine's `plan.totals` (the decode-only shortcut)
-    and from the plan itself (`StepShape.from_plan`)."""
+    """Costs every plan both ways: from the engine's `plan.totals` (the aggregate paths) and
+    from the plan itself (`StepShape.from_plan`); and samples it again on a twin executor
+    that sees the plan without its totals (the general path)."""
 
     def __init__(self, engine: Engine) -> None:
         self.pairs: list[tuple[float, float]] = []
+        self.tokens: list[tuple[list[int | None], list[int | None]]] = []
+        self.kinds: set[str] = set()
         ex = engine.executor
+        twin = registry.load("executor", "sim")(engine.config, **engine.config.executor_options)
         execute = ex.execute
 
         def both(plan):
@@ -205,17 +210,54 @@ class _BothWays:
             graphs = shape.num_prefills == 0 and shape.num_seqs <= ex.graph_max_seqs
             self.pairs.append((out.step_time, ex.cost_model.step_time(shape, ex.block_size,
                                                                       graphs)))
+            ref = twin.execute(SchedulerOutput(plan.scheduled, plan.preempted, plan.swap_out))
+            self.pairs.append((out.step_time, ref.step_time))
+            self.tokens.append((out.sampled_token_ids, ref.sampled_token_ids))
+            t = plan.totals
+            self.kinds.add("mixed" if t.num_prefill_tokens and t.num_decode_tokens
+                           else "prefill" if t.num_prefill_tokens else "decode")
+            if t.num_sampled < len(plan.scheduled):
+                self.kinds.add("partial")
+            if plan.swap_out or t.num_swap_in:
+                self.kinds.add("swap")
             return out
 
         ex.execute = both
 
 
-def test_the_decode_step_shortcut_costs_what_the_plan_does():
+@pytest.mark.parametrize("cfg", [
+    dict(preemption_mode="swap", max_num_seqs=24),
+    dict(scheduler="chunked_prefill", max_num_batched_tokens=200, max_num_seqs=16),
+], ids=["swap", "chunked"])
+def test_the_step_shortcuts_cost_and_sample_what_the_plan_does(cfg):
     engine = Engine(EngineConfig(model="llama3_8b", num_kv_blocks=60, block_size=16,
-                                 preemption_mode="swap", max_num_seqs=24, **SIM_H100))
+                                 **SIM_H100, **cfg))
     seen = _BothWays(engine)
     work = build_workload({**WORKLOAD, "num_requests": 40}, engine.model_spec.vocab_size)
     run_workload(engine, work)
-    assert engine.counters().num_swaps > 0
-    assert len(seen.pairs) == engine.counters().num_steps
-    assert all(a == b for a, b in seen.pairs)  # bit for bit, decode-only steps or not
+    assert seen.kinds >= ({"decode", "swap"} if "preemption_mode" in cfg
+                          else {"decode", "mixed", "partial"})
+    assert len(seen.pairs) == 2 * engine.counters().num_steps
+    assert all(a == b for a, b in seen.pairs)  # bit for bit, whichever path a step took
+    assert all(a == b for a, b in seen.tokens)
+    assert any(None in a for a, _ in seen.tokens) is ("partial" in seen.kinds)
+
+
+def test_stop_ids_are_never_sampled_on_either_path():
+    def run(stops: list[int]) -> tuple[list[list[int]], _BothWays]:
+        engine = Engine(EngineConfig(model="llama3_8b", scheduler="chunked_prefill",
+                                     max_num_batched_tokens=200, **SIM_H100))
+        seen = _BothWays(engine)
+        reqs = [engine.add_request(list(range(2, 92 + 7 * i)), SamplingParams(
+            max_tokens=12, ignore_eos=True, stop_token_ids=stops if i % 3 == 0 else []))
+            for i in range(9)]
+        engine.run_until_done()
+        return [r.output_token_ids for r in reqs], seen
+
+    plain, _ = run([])
+    stops = plain[0][:9]
+    out, seen = run(stops)
+    assert all(a == b for a, b in seen.pairs) and all(a == b for a, b in seen.tokens)
+    assert "mixed" in seen.kinds
+    assert all(len(o) == 12 and not set(o) & set(stops) for o in out[::3])
+    assert out[1] == plain[1]  # a request without stop ids samples as before

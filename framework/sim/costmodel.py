@@ -176,31 +176,30 @@ class CostModel:
                                                 + 3 * inter / tp + 6 * h)
         self._act_bytes_per_token = h * b
         self.kernels_per_step = spec.num_layers * op.KERNELS_PER_LAYER + op.KERNELS_PER_STEP
-        #: the layers' GEMM time by the step's token count, and the LM head's by its rows:
-        #: a step's cost is then O(1) dictionary work whatever its batch
-        self._gemm_by_tokens: dict[int, float] = {}
-        self._per_token_by_tokens: dict[int, tuple[float, float]] = {}
+        #: the layers' GEMM, KV-write, elementwise and all-reduce times by the step's token
+        #: count, and the LM head's by its rows: a step's cost is then O(1) dictionary work
+        #: whatever its batch
+        self._by_tokens: dict[int, tuple[float, float, float, float]] = {}
         self._lm_head_by_rows: dict[int, tuple[float, float]] = {}
+        #: decode-only steps by their sequences: `token_terms`, `lm_head_time`, the overhead
+        self._decode_by_seqs: dict[int, tuple[float, ...]] = {}
+        self._eager_launch = self.kernels_per_step * hw.launch_overhead
 
-    def gemm_time(self, num_tokens: int) -> float:
-        """All layers' GEMMs at `num_tokens` rows (memoized)."""
-        t = self._gemm_by_tokens.get(num_tokens)
+    def token_terms(self, num_tokens: int) -> tuple[float, float, float, float]:
+        """All layers' GEMMs, KV-cache writes, elementwise kernels and TP all-reduces at
+        `num_tokens` rows (memoized)."""
+        t = self._by_tokens.get(num_tokens)
         if t is None:
-            hw, b = self.hw, self.dtype_bytes
-            t = self.spec.num_layers * sum(op.gemm_time(hw, num_tokens, k, n, b)
-                                           for k, n in self.gemms)
-            self._gemm_by_tokens[num_tokens] = t
-        return t
-
-    def per_token_time(self, num_tokens: int) -> tuple[float, float]:
-        """All layers' KV-cache writes and elementwise kernels at `num_tokens` rows
-        (memoized)."""
-        t = self._per_token_by_tokens.get(num_tokens)
-        if t is None:
-            hw, layers = self.hw, self.spec.num_layers
-            t = (layers * op.kv_write_time(hw, num_tokens, self.kv_bytes_per_token_layer),
-                 layers * op.elementwise_time(hw, num_tokens, self.elementwise_bytes_per_token))
-            self._per_token_by_tokens[num_tokens] = t
+            hw, b, layers, n = self.hw, self.dtype_bytes, self.spec.num_layers, num_tokens
+            gemm = layers * sum(op.gemm_time(hw, n, k, m, b) for k, m in self.gemms)
+            ar = 0.0
+            if self.tp > 1 and n:
+                msg = n * self._act_bytes_per_token
+                ring = 2 * (self.tp - 1) / self.tp * msg / hw.interconnect_bandwidth
+                ar = 2 * layers * (ring / hw.interconnect_efficiency + hw.allreduce_latency)
+            t = (gemm, layers * op.kv_write_time(hw, n, self.kv_bytes_per_token_layer),
+                 layers * op.elementwise_time(hw, n, self.elementwise_bytes_per_token), ar)
+            self._by_tokens[num_tokens] = t
         return t
 
     def lm_head_time(self, rows: int) -> tuple[float, float]:
@@ -224,15 +223,74 @@ class CostModel:
         t = self._terms(shape, block_size, graphs)
         return t[11] + t[9] + t[10]
 
-    def decode_step_time(self, num_seqs: int, num_sampled: int, kv_tokens: int,
-                         num_swapped_blocks: int, block_size: int, graphs: bool = False) -> float:
-        """`step_time` of `num_seqs` sequences running one token each over `kv_tokens` context
-        tokens in all, decodes unpadded, its shape built without walking a plan: the common
-        step at high load."""
-        shape = StepShape(num_seqs, num_seqs, 0, num_sampled, kv_tokens, kv_tokens,
-                          num_swapped_blocks, kv_tokens, kv_tokens)
-        t = self._terms(shape, block_size, graphs)
-        return t[11] + t[9] + t[10]
+    def decode_step_time(self, num_seqs: int, kv_tokens: int, num_swapped_blocks: int,
+                         block_size: int, graphs: bool = False) -> float:
+        """`counts_step_time` of `num_seqs` decodes that all sample, over `kv_tokens` context
+        tokens in all: the common step at high load, its count terms and overhead one
+        memo read (bit for bit the same floats)."""
+        hw = self.hw
+        c = self._decode_by_seqs.get(num_seqs)
+        if c is None:
+            if not num_seqs:
+                return 0.0
+            c = (*self.token_terms(num_seqs), *self.lm_head_time(num_seqs),
+                 hw.step_overhead + hw.seq_overhead * num_seqs + hw.prefill_overhead * 0)
+            self._decode_by_seqs[num_seqs] = c
+        gemm, kv_write, elem, ar, lm_head, sampling, overhead = c
+        attn_dec = self.spec.num_layers * op.attention_decode_time(
+            hw, kv_tokens, self.heads, self.spec.head_dim, self.kv_bytes_per_token_layer)
+        swap = self.swap_time(num_swapped_blocks, block_size) if num_swapped_blocks else 0.0
+        # NOTE: `_terms`'s sums in its order, less its prefill attention (0.0: gemm + 0.0 is
+        # gemm)
+        device = gemm + attn_dec + kv_write + elem + lm_head + sampling + ar + swap
+        host = hw.graph_launch_overhead if graphs else self._eager_launch
+        if hw.device != "cpu":
+            host = max(0.0, host - device)
+        return device + host + overhead
+
+    def counts_step_time(self, num_tokens: int, num_seqs: int, num_prefills: int,
+                         num_sampled: int, prefill_pairs: int, prefill_kv_tokens: int,
+                         decode_kv_tokens: int, num_swapped_blocks: int, block_size: int,
+                         graphs: bool = False) -> float:
+        """`step_time` of the step these aggregates describe, decodes unpadded, no
+        `StepShape` built: what the simulator computes per step (bit for bit the same).
+
+        Args:
+            num_tokens, num_seqs, num_prefills, num_sampled, num_swapped_blocks: as in
+                `StepShape`.
+            prefill_pairs: causal (query, key) pairs of the sequences running more than one
+                token; prefill_kv_tokens: their context tokens (start + new tokens).
+            decode_kv_tokens: context tokens of the one-token queries.
+            block_size, graphs: as in `step_cost`.
+        """
+        if not num_seqs:
+            return 0.0
+        hw = self.hw
+        # NOTE: a memo hit costs a dictionary read, not a call
+        gemm, kv_write, elem, ar = (self._by_tokens.get(num_tokens)
+                                    or self.token_terms(num_tokens))
+        lm_head, sampling = (self._lm_head_by_rows.get(num_sampled)
+                             or self.lm_head_time(num_sampled))
+        layers, kvb = self.spec.num_layers, self.kv_bytes_per_token_layer
+        attn_pre = 0.0 if prefill_pairs <= 0 else layers * op.attention_prefill_time(
+            hw, prefill_pairs, prefill_kv_tokens, self.heads, self.spec.head_dim, kvb)
+        attn_dec = layers * op.attention_decode_time(hw, decode_kv_tokens, self.heads,
+                                                     self.spec.head_dim, kvb)
+        swap = self.swap_time(num_swapped_blocks, block_size) if num_swapped_blocks else 0.0
+        # NOTE: `_terms`'s sums in its order: the same floats, bit for bit
+        device = gemm + attn_pre + attn_dec + kv_write + elem + lm_head + sampling + ar + swap
+        host = hw.graph_launch_overhead if graphs else self._eager_launch
+        if hw.device != "cpu":
+            host = max(0.0, host - device)
+        return device + host + (hw.step_overhead + hw.seq_overhead * num_seqs
+                                + hw.prefill_overhead * num_prefills)
+
+    def swap_time(self, num_blocks: int, block_size: int) -> float:
+        """Copying `num_blocks` KV blocks of `block_size` tokens between host and device."""
+        if not num_blocks:
+            return 0.0
+        nbytes = num_blocks * block_size * self.kv_bytes_per_token_total
+        return nbytes / self.tp / self.hw.host_bandwidth
 
     def _terms(self, shape: StepShape, block_size: int,
                graphs: bool) -> tuple[float, ...]:
@@ -241,7 +299,6 @@ class CostModel:
         n = shape.num_tokens
         if not shape.num_seqs:
             return (0.0,) * 12
-        gemm = self.gemm_time(n)
         dec_kv = shape.decode_kv_tokens
         pre_pairs = shape.attn_pairs - dec_kv
         pre_kv = shape.kv_tokens - dec_kv
@@ -251,19 +308,10 @@ class CostModel:
         attn_pre = 0.0 if pre_pairs <= 0 else layers * op.attention_prefill_time(
             hw, pre_pairs, pre_kv, self.heads, d, kvb)  # NOTE: the function's own 0 for none
         attn_dec = layers * op.attention_decode_time(hw, dec_kv, self.heads, d, kvb)
-        kv_write, elem = self.per_token_time(n)
+        gemm, kv_write, elem, ar = self.token_terms(n)
         lm_head, sampling = self.lm_head_time(shape.num_sampled)
-        ar = 0.0
-        if self.tp > 1 and n:
-            msg = n * self._act_bytes_per_token
-            ring = 2 * (self.tp - 1) / self.tp * msg / hw.interconnect_bandwidth
-            ar = 2 * layers * (ring / hw.interconnect_efficiency + hw.allreduce_latency)
-        swap = 0.0
-        if shape.num_swapped_blocks:
-            nbytes = shape.num_swapped_blocks * block_size * self.kv_bytes_per_token_total
-            swap = nbytes / self.tp / hw.host_bandwidth
-        host = (hw.graph_launch_overhead if graphs
-                else self.kernels_per_step * hw.launch_overhead)
+        swap = self.swap_time(shape.num_swapped_blocks, block_size)
+        host = hw.graph_launch_overhead if graphs else self._eager_launch
         # NOTE: `StepCost.device`'s sum, in its order
         device = gemm + attn_pre + attn_dec + kv_write + elem + lm_head + sampling + ar + swap
         if hw.device != "cpu":
