@@ -17,11 +17,12 @@ def is_token_id(t: object) -> bool:
     return type(t) is int or (isinstance(t, numbers.Integral) and not isinstance(t, bool))
 
 
-class InRangeIds(list):
+class InRangeIds(list[int]):
     """A prompt whose maker vouches that every id is a plain int in [0, `bound`): a synthetic
     workload's own seeded draw (`schedlab.runs.prompts`), which `read_prompt` takes as it is,
-    without reading each id, where `bound` is within the vocabulary. Any other prompt, a
-    user's list included, gets every check.
+    without reading each id, where `bound` is within the vocabulary. Any in-place change
+    (append, `+=`, item assignment, ...) voids the promise (`bound` becomes None) and the list
+    is checked as any other; a user's list always gets every check.
 
     Args:
         ids: the token ids.
@@ -32,7 +33,24 @@ class InRangeIds(list):
 
     def __init__(self, ids: Iterable[int], bound: int) -> None:
         super().__init__(ids)
-        self.bound = bound
+        self.bound: int | None = bound
+
+
+def _voiding(name: str) -> Any:
+    """`list.<name>`, setting the `InRangeIds`' bound to None first."""
+    base = getattr(list, name)
+
+    def method(self: InRangeIds, *args: Any) -> Any:
+        self.bound = None
+        return base(self, *args)
+
+    method.__name__ = name
+    return method
+
+
+for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend",
+              "insert", "pop", "remove", "clear", "sort", "reverse"):
+    setattr(InRangeIds, _name, _voiding(_name))
 
 
 class Prompt(NamedTuple):
@@ -45,10 +63,11 @@ class Prompt(NamedTuple):
 def read_prompt(prompt_token_ids: Iterable[object], vocab_size: int) -> Prompt:
     """The prompt as a list (plain ints when every entry is an integer token id; the entries
     as given otherwise) and what is wrong with it: empty, an entry that is not an integer
-    token id, or one outside [0, vocab_size). An `InRangeIds` within the vocabulary is the
-    list itself (not a copy), its ids not read. No state change."""
+    token id, or one outside [0, vocab_size). An unchanged `InRangeIds` within the vocabulary
+    is the list itself (not a copy: the request keeps the maker's list), its ids not read.
+    No state change."""
     if (type(prompt_token_ids) is InRangeIds and prompt_token_ids
-            and prompt_token_ids.bound <= vocab_size):
+            and prompt_token_ids.bound is not None and prompt_token_ids.bound <= vocab_size):
         return Prompt(prompt_token_ids, None)
     ids: list[Any] = list(prompt_token_ids)
     if not ids:

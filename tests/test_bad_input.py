@@ -199,3 +199,19 @@ def test_in_range_ids_skip_the_checks_only_within_the_vocabulary():
     assert "outside the vocabulary" in read_prompt(InRangeIds(ids, 1000), 100).reason
     assert read_prompt(InRangeIds([], 512), 512).reason.startswith("empty prompt")
     assert "outside the vocabulary" in read_prompt([2, 600], 512).reason
+
+
+@pytest.mark.parametrize("change", [
+    lambda z: z.append(99999), lambda z: z.extend([99999]), lambda z: z.insert(0, -1),
+    lambda z: z.__setitem__(0, 99999), lambda z: z.__setitem__(slice(0, 1), [2.5]),
+    lambda z: z.__iadd__([99999])])
+def test_a_changed_in_range_list_is_checked_again(change):
+    """An `InRangeIds` changed in place after its maker vouched for it (a user appending a bad
+    id to a workload prompt) is no longer trusted: the bad id is refused as in a plain list."""
+    from schedlab.intake import InRangeIds, read_prompt
+
+    z = InRangeIds([2, 3, 4], 512)
+    change(z)
+    reason = read_prompt(z, 512).reason
+    assert reason is not None and ("outside the vocabulary" in reason
+                                   or "not an integer token id" in reason)

@@ -207,3 +207,40 @@ def test_a_run_collects_less_often_and_leaves_the_collector_as_it_found_it(monke
         assert gc.get_threshold() == (700, 10, 10)
     finally:
         gc.set_threshold(*old)
+
+
+def test_overlapping_runs_leave_the_collector_as_it_was():
+    """Two runs whose collector blocks overlap (threads of one process: A enters, B enters, A
+    leaves, B leaves) put the caller's thresholds back at the end, not the raised ones."""
+    import gc
+    import threading
+
+    from schedlab.runs.driver import GC_YOUNG_THRESHOLD, fewer_collections
+
+    old = gc.get_threshold()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    during_b: list[int] = []
+
+    def run_a():
+        with fewer_collections():
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def run_b():
+        a_in.wait(5)
+        with fewer_collections():
+            b_in.set()
+            a_out.wait(5)
+            during_b.append(gc.get_threshold()[0])  # after A left: B's run still collects less
+
+    try:
+        gc.set_threshold(700, 10, 10)
+        threads = [threading.Thread(target=run_a), threading.Thread(target=run_b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert during_b == [GC_YOUNG_THRESHOLD] and gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*old)

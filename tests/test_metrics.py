@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from schedlab.request import Request, RequestStatus, SamplingParams
@@ -187,6 +188,9 @@ def test_steps_csv_reads_as_the_csv_module_writes_it(tmp_path, monkeypatch):
     steps = [_step(i, i % 5, reserved=16 * i, used=12 * i, blocks=i % 9) for i in range(1, 40)]
     for i, s in enumerate(steps):
         s.time, s.step_time, s.framework_time = i / 7, 1e-5 / (i + 1), 2.5e-17 * i
+    # a plugin executor's or clock's numpy floats and a None, in one chunk of the file
+    steps[20].step_time, steps[21].time = np.float64(0.1), np.float32(0.25)
+    steps[22].forward_time = None
     names = [f.name for f in dataclasses.fields(StepStats)]
     with open(tmp_path / "ref.csv", "w", newline="") as f:
         w = csv.writer(f)

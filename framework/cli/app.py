@@ -170,12 +170,22 @@ def _track(s: RunSettings, run, summary: dict[str, Any], failed: bool = False):
 STEPS_FILE = "steps.csv"
 
 
-def write_steps_csv(path: Path, step_stats: list) -> Path:
+#: steps.csv rows formatted before each write (a bound on the text held at once)
+_ROWS_PER_WRITE = 1 << 14
+#: the value types whose %-format is `csv.writer`'s text (`repr` of a float, `str` of an int)
+_PLAIN = frozenset((float, int, bool))
+
+
+def write_steps_csv(path: Path, step_stats: list[Any]) -> Path:
     """One row per engine step, one column per `StepStats` field. Returns the path.
 
     NOTE: each row is one %-format over its fields, as `csv.writer` writes numbers (`repr` of
-    a float, `str` of an int, no quoting, rows ending in \\r\\n) at about 3/4 of its cost."""
+    a float, `str` of an int, no quoting, rows ending in \\r\\n) at about 3/4 of its cost; a
+    chunk holding any other value (a numpy float or None from a plugin's executor or clock)
+    is written by `csv.writer` itself, so the file is always what it writes."""
+    import csv
     import dataclasses
+    from itertools import chain
 
     from schedlab.stats import StepStats
 
@@ -185,13 +195,14 @@ def write_steps_csv(path: Path, step_stats: list) -> Path:
     get = attrgetter(*names)
     with open(path, "w", newline="") as f:
         f.write(",".join(names) + "\r\n")
+        slow = csv.writer(f)
         for at in range(0, len(step_stats), _ROWS_PER_WRITE):
-            f.writelines([row % get(s) for s in step_stats[at:at + _ROWS_PER_WRITE]])
+            rows = list(map(get, step_stats[at:at + _ROWS_PER_WRITE]))
+            if set(map(type, chain.from_iterable(rows))) <= _PLAIN:
+                f.writelines([row % r for r in rows])
+            else:
+                slow.writerows(rows)
     return path
-
-
-#: steps.csv rows formatted before each write (a bound on the text held at once)
-_ROWS_PER_WRITE = 1 << 14
 
 
 def seed_everything(seed: int) -> None:

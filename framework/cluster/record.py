@@ -85,7 +85,8 @@ class RunRecord:
             counters.append((c0, e.counters()))
             first = self.first_step[n] if self.first_step else 0
             per_instance.append(e.step_stats[first:])
-        # NOTE: one instance: its steps as they are, and no cluster-wide series
+        # NOTE: one instance: its steps as they are (in time order: an engine's clock only
+        # moves forward, by each step's non-negative time), and no cluster-wide series
         steps, cluster_used, cluster_running = (_merged(per_instance) if several
                                                 else (per_instance[0], [], []))
 

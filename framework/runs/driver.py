@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -95,20 +96,33 @@ GC_YOUNG_THRESHOLD = 100_000
 @contextmanager
 def fewer_collections() -> Iterator[None]:
     """Python's cyclic collector run less often inside the block (its young generation's
-    threshold raised to `GC_YOUNG_THRESHOLD`, then put back; a collector switched off stays
-    off).
+    threshold raised to `GC_YOUNG_THRESHOLD`, then put back when the outermost block ends,
+    whichever thread ran it; a collector switched off stays off).
 
     NOTE: a run allocates a few objects per token and step that die young, and keeps the
     requests and step records, so that at the default 700 the collector ran ~1,000 times in
     a 100k-request run and walked every object kept several times (1.6 s of 24 s); nothing
     a run makes needs the collector to be freed (its cycles wait for the next collection)."""
-    old = gc.get_threshold()
-    if old[0]:
-        gc.set_threshold(max(old[0], GC_YOUNG_THRESHOLD), *old[1:])
+    with _GC_LOCK:
+        if not _GC_SAVED:
+            old = gc.get_threshold()
+            _GC_SAVED.append(old)
+            if old[0]:
+                gc.set_threshold(max(old[0], GC_YOUNG_THRESHOLD), *old[1:])
+        else:
+            _GC_SAVED.append(_GC_SAVED[0])
     try:
         yield
     finally:
-        gc.set_threshold(*old)
+        with _GC_LOCK:
+            saved = _GC_SAVED.pop()
+            if not _GC_SAVED:
+                gc.set_threshold(*saved)
+
+
+#: the thresholds saved by the outermost `fewer_collections` block, once per open block
+_GC_SAVED: list[tuple[int, ...]] = []
+_GC_LOCK = threading.Lock()
 
 
 class _NoBar:

@@ -139,7 +139,7 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
     steps = run.step_stats
     n = len(steps)
 
-    def column(name: str) -> list:
+    def column(name: str) -> list[Any]:
         return list(map(attrgetter(name), steps))
 
     reserved = sum(map(attrgetter("kv_reserved_tokens"), steps))

@@ -99,7 +99,7 @@ _MASK128 = (1 << 128) - 1
 class _Replay:
     """Draws of one PCG64 stream again, block by block, from the positions saved at each
     block's start: each position one int (the 128-bit state, the buffered 32 bits above it,
-    the buffer's flag above those). The last block drawn is kept (~8 KB), so that reading
+    the buffer's flag above those). The last block drawn is kept (8 bytes a token), so that reading
     the prompts in order draws each block once; a prompt read out of order draws its block
     only up to its end.
 

@@ -135,11 +135,12 @@ class RequestStats:
         self._pending = []
 
     def _all_times(self) -> np.ndarray:
-        """The buffer of every filed token time (see `token_at`)."""
+        """The buffer of every filed token time (see `token_at`), the pending ones moved into
+        it first: a change of representation only, nothing a reader sees differs."""
         self._move_pending()
         return self._times
 
-    # ---- what metrics read (no state change) ---------------------------------------------
+    # ---- what metrics read (no state change but `_all_times`' flush) -------------------------
     @property
     def completed(self) -> np.ndarray:
         """Positions of the completed requests, in workload order."""
