@@ -243,10 +243,7 @@ class CostModel:
         # NOTE: `_terms`'s sums in its order, less its prefill attention (0.0: gemm + 0.0 is
         # gemm)
         device = gemm + attn_dec + kv_write + elem + lm_head + sampling + ar + swap
-        host = hw.graph_launch_overhead if graphs else self._eager_launch
-        if hw.device != "cpu":
-            host = max(0.0, host - device)
-        return device + host + overhead
+        return device + self._host_time(device, graphs) + overhead
 
     def counts_step_time(self, num_tokens: int, num_seqs: int, num_prefills: int,
                          num_sampled: int, prefill_pairs: int, prefill_kv_tokens: int,
@@ -279,11 +276,17 @@ class CostModel:
         swap = self.swap_time(num_swapped_blocks, block_size) if num_swapped_blocks else 0.0
         # NOTE: `_terms`'s sums in its order: the same floats, bit for bit
         device = gemm + attn_pre + attn_dec + kv_write + elem + lm_head + sampling + ar + swap
+        return device + self._host_time(device, graphs) + (
+            hw.step_overhead + hw.seq_overhead * num_seqs + hw.prefill_overhead * num_prefills)
+
+    def _host_time(self, device: float, graphs: bool) -> float:
+        """A step's launch cost beside its `device` work: a graph replay's or the eager
+        launches'; on a GPU only the part the device work does not hide."""
+        hw = self.hw
         host = hw.graph_launch_overhead if graphs else self._eager_launch
         if hw.device != "cpu":
             host = max(0.0, host - device)
-        return device + host + (hw.step_overhead + hw.seq_overhead * num_seqs
-                                + hw.prefill_overhead * num_prefills)
+        return host
 
     def swap_time(self, num_blocks: int, block_size: int) -> float:
         """Copying `num_blocks` KV blocks of `block_size` tokens between host and device."""
@@ -311,11 +314,9 @@ class CostModel:
         gemm, kv_write, elem, ar = self.token_terms(n)
         lm_head, sampling = self.lm_head_time(shape.num_sampled)
         swap = self.swap_time(shape.num_swapped_blocks, block_size)
-        host = hw.graph_launch_overhead if graphs else self._eager_launch
         # NOTE: `StepCost.device`'s sum, in its order
         device = gemm + attn_pre + attn_dec + kv_write + elem + lm_head + sampling + ar + swap
-        if hw.device != "cpu":
-            host = max(0.0, host - device)
+        host = self._host_time(device, graphs)
         return (gemm, attn_pre, attn_dec, kv_write, elem, lm_head, sampling, ar, swap, host,
                 hw.step_overhead + hw.seq_overhead * shape.num_seqs
                 + hw.prefill_overhead * shape.num_prefills, device)
