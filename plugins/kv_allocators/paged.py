@@ -57,7 +57,14 @@ class PagedKVAllocator(KVAllocator):
         need = self.blocks_needed(request, num_tokens)
         if need > len(self._free):
             raise RuntimeError(f"need {need} blocks, {len(self._free)} free")
-        table = self._tables.setdefault(request.request_id, [])
+        new = self._take(self._tables.setdefault(request.request_id, []), need)
+        if num_tokens > self._tokens.get(rid, 0):
+            self._tokens[rid] = num_tokens
+        return new
+
+    def _take(self, table: list[int], need: int) -> list[int]:
+        """Move `need` blocks from the free pool to the end of `table` (the caller checked
+        there are that many). Returns them. Changes state."""
         new = [self._free.popleft() for _ in range(need)]
         for b in new:
             self._is_free[b] = False
@@ -65,8 +72,6 @@ class PagedKVAllocator(KVAllocator):
         self._num_used += need
         table.extend(new)
         self._num_table_slots += need * self.block_size
-        if num_tokens > self._tokens.get(rid, 0):
-            self._tokens[rid] = num_tokens
         return new
 
     def allocate_next_tokens(self, requests: Sequence[Request]) -> list[list[int] | None]:
@@ -80,14 +85,9 @@ class PagedKVAllocator(KVAllocator):
             n = r.num_computed_tokens + 1
             if table is None or len(table) * bs < n:  # a new block (one in every block_size)
                 if not short and table is not None and free and (len(table) + 1) * bs >= n:
-                    # NOTE: `allocate(r, n)` of the one block it takes, inline (the tokens the
-                    # table was grown for are below its old size, so below n)
-                    b = free.popleft()
-                    self._is_free[b] = False
-                    self._refs[b] = 1
-                    self._num_used += 1
-                    self._num_table_slots += bs
-                    table.append(b)
+                    # NOTE: `allocate(r, n)` of the one block it takes, without its checks
+                    # (the tokens the table was grown for are below its old size, so below n)
+                    self._take(table, 1)
                     tokens[rid] = n
                     add(table)
                 elif not short and self.can_allocate(r, n):
