@@ -261,3 +261,18 @@ def test_stop_ids_are_never_sampled_on_either_path():
     assert "mixed" in seen.kinds
     assert all(len(o) == 12 and not set(o) & set(stops) for o in out[::3])
     assert out[1] == plain[1]  # a request without stop ids samples as before
+
+
+def test_a_host_clock_on_the_simulator_is_refused_with_a_sentence():
+    """The simulator moves time by its predicted step durations: an engine built on a host
+    clock (wall or CPU time) is refused when it is built, naming the clock it needs, instead
+    of failing at its first step."""
+    from schedlab.clock import CPUTimeClock, PacedClock
+
+    cfg = EngineConfig(model="llama3_8b", executor="sim", executor_options={"hardware": "h100"})
+    with pytest.raises(ConfigError, match="executor=sim runs on a VirtualClock.*CPUTimeClock"):
+        Engine(cfg, clock=CPUTimeClock())
+    eng = Engine(cfg, clock=PacedClock())  # a virtual clock (serve paces one): accepted
+    eng.add_request([5, 6, 7])
+    eng.run_until_done()
+    assert eng.clock.now() > 0

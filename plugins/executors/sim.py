@@ -6,7 +6,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any
 
-from schedlab.clock import VirtualClock
+from schedlab.clock import Clock, VirtualClock
 from schedlab.config import ConfigError, EngineConfig
 from schedlab.executor import Executor, ExecutorOutput
 from schedlab.plan import PlanTotals, ScheduledRequest, SchedulerOutput
@@ -128,6 +128,20 @@ class SimExecutor(Executor):
         # NOTE: the engine's pool counts whole-model bytes per token; each of the tp devices
         # holds 1/tp of every token's KV, so the pool is tp times one device's share.
         return int(left * self.tp)
+
+    def set_clock(self, clock: Clock) -> None:
+        """Run on `clock`, which must be a `VirtualClock`: the simulator moves time by each
+        step's predicted duration.
+
+        Raises:
+            ConfigError: another kind of clock (a host clock would measure the simulator).
+        """
+        if not isinstance(clock, VirtualClock):
+            raise ConfigError(
+                f"executor=sim runs on a VirtualClock (it advances time by each step's predicted "
+                f"duration), not a {type(clock).__name__}; use executor=torch to time a real "
+                "model on a host clock")
+        self.clock = clock
 
     def initialize_cache(self, num_blocks: int, block_size: int) -> None:
         self.block_size = block_size
