@@ -48,8 +48,13 @@ class DefaultNextTokens(PagedKVAllocator):
 
 
 def _plan_record(plan: SchedulerOutput) -> list[Any]:
-    return [[[s.request.request_id, s.num_new_tokens, s.start, list(s.block_ids),
-              [list(p) for p in s.swap_in]] for s in plan.scheduled],
+    # NOTE: read without building a decode run's entries, so the executor and the update
+    # get the plan as the engine made it
+    run = plan.decode_run
+    head = [] if run is None else [[r.request_id, 1, s, list(t), []]
+                                   for r, s, t in zip(*run, strict=True)]
+    return [head + [[s.request.request_id, s.num_new_tokens, s.start, list(s.block_ids),
+                     [list(p) for p in s.swap_in]] for s in plan.rest],
             [r.request_id for r in plan.preempted], [list(p) for p in plan.swap_out]]
 
 

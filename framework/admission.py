@@ -11,7 +11,7 @@ naming the queue method.
 
 from __future__ import annotations
 
-from itertools import islice, repeat
+from itertools import islice
 from typing import cast
 
 from schedlab.faults import PluginFault
@@ -108,14 +108,13 @@ class AdmissionControl:
         stop = i + len(run)
         tables = self.kv.allocate_next_tokens(run)
         if None not in tables:  # NOTE: the common step: the pool had a slot for every decode
-            out.scheduled.extend(map(ScheduledRequest, run, repeat(1), starts,
-                                     cast("list[list[int]]", tables)))
+            out.add_decodes(run, starts, cast("list[list[int]]", tables))
             return stop, budget - len(run)
         ready = tables.index(None)
-        add = out.scheduled.append
-        # NOTE: the entries up to the first request the pool was short for, built by `map`
+        add = out.add
+        # NOTE: the entries up to the first request the pool was short for, in one call
         held = cast("list[list[int]]", tables[:ready])
-        out.scheduled.extend(map(ScheduledRequest, run[:ready], repeat(1), starts, held))
+        out.add_decodes(run[:ready], starts[:ready], held)
         num_preemptions = self.num_preemptions
         for k in range(ready, len(run)):
             req, table = run[k], tables[k]
@@ -152,7 +151,7 @@ class AdmissionControl:
             i = sum(1 for r in running if id(r) in seen)  # victims may have sat before req
             if not kept:
                 return i, budget  # req itself was preempted; running[i] is now the next one
-        out.scheduled.append(self._plan(req, n, done))
+        out.add(self._plan(req, n, done))
         return i + 1, budget - n
 
     def admit_waiting(self, out: SchedulerOutput, budget: int,
@@ -181,7 +180,7 @@ class AdmissionControl:
                 budget += freed
                 continue  # look again: the victims' blocks are free now
             self.admit(req, start + n, prefix)
-            out.scheduled.append(self._plan(req, n, start))
+            out.add(self._plan(req, n, start))
             budget -= n
             num_new += 1
         return budget
@@ -226,7 +225,7 @@ class AdmissionControl:
 
     def plan_request(self, request: Request, num_new_tokens: int) -> ScheduledRequest:
         """A running request's share of this step: its next `num_new_tokens` tokens, from where
-        it stopped, over the KV it holds (allocate first). Append it to `out.scheduled`.
+        it stopped, over the KV it holds (allocate first). Add it with `out.add`.
         No state change beyond handing back swapped-out KV (see `_plan`)."""
         return self._plan(request, num_new_tokens, request.num_computed_tokens)
 

@@ -34,9 +34,9 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
         raise PluginContractError(
             f"scheduler {scheduler}: schedule() returned {type(plan).__name__}, not a "
             "SchedulerOutput; return an empty SchedulerOutput() when nothing should run")
-    scheduled = plan.scheduled
-    if len(scheduled) > limits.max_num_seqs:
-        raise PluginContractError(f"{_where(scheduler, step)} {len(scheduled)} requests, more than "
+    num_seqs = plan.num_scheduled
+    if num_seqs > limits.max_num_seqs:
+        raise PluginContractError(f"{_where(scheduler, step)} {num_seqs} requests, more than "
                                   f"max_num_seqs={limits.max_num_seqs}")
     bs = kv.block_size
     running = RequestStatus.RUNNING
@@ -45,7 +45,22 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
     num_other = num_other_tokens = num_unsampled = swap_in = first = 0
     requests: set[object] = set()  # a Request hashes by identity
     add = requests.add
-    for sr in scheduled:
+    run = plan.decode_run
+    if run is not None:  # NOTE: one token each, no swap-in: only the per-request rules
+        for req, start, table in zip(run.requests, run.starts, run.tables, strict=True):
+            add(req)
+            num_prompt = len(req.prompt_token_ids)
+            if (num_prompt + len(req.output_token_ids) - start != 1
+                    or start != req.num_computed_tokens or req.status is not running
+                    or len(table) * bs <= start):
+                _explain_decode(ScheduledRequest(req, 1, start, table), _where(scheduler, step),
+                                bs)
+            if start < num_prompt:  # a prompt's last token
+                num_other += 1
+                num_other_tokens += 1
+            if req.metrics.first_scheduled_time is None:
+                first += 1
+    for sr in plan.rest:
         req = sr.request
         add(req)
         start, n = sr.start, sr.num_new_tokens
@@ -71,11 +86,11 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
             swap_in += len(sr.swap_in)
         if req.metrics.first_scheduled_time is None:
             first += 1
-    num_decode = len(scheduled) - num_other
+    num_decode = num_seqs - num_other
     total = num_decode + num_other_tokens
-    if len(requests) != len(scheduled):
+    if len(requests) != num_seqs:
         seen: set[int] = set()
-        for sr in scheduled:
+        for sr in plan.scheduled:
             if id(sr.request) in seen:
                 raise PluginContractError(
                     f"{_where(scheduler, step)} request {sr.request.request_id!r} twice; a "
@@ -84,12 +99,24 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
     if total > limits.max_num_batched_tokens:
         raise PluginContractError(f"{_where(scheduler, step)} {total} tokens, more than "
                                   f"max_num_batched_tokens={limits.max_num_batched_tokens}")
-    return PlanTotals(num_other_tokens, num_decode, len(scheduled) - num_unsampled, swap_in, first)
+    return PlanTotals(num_other_tokens, num_decode, num_seqs - num_unsampled, swap_in, first)
 
 
 def _where(scheduler: str, step: int) -> str:
     """The start of every `check_plan` message (built only for one)."""
     return f"scheduler {scheduler} planned step {step} with"
+
+
+def _explain_decode(sr: ScheduledRequest, where: str, bs: int) -> None:
+    """`_explain` for an entry of a decode run (`SchedulerOutput.add_decodes`), which must
+    also be its sequence's last token."""
+    req = sr.request
+    if sr.start + 1 < req.num_tokens:
+        raise PluginContractError(
+            f"{where} request {req.request_id!r} in add_decodes() at token {sr.start} of "
+            f"{req.num_tokens}; add_decodes() runs a sequence's last token (add() the entry "
+            "of any other)")
+    _explain(sr, where, bs)
 
 
 def _explain(sr: ScheduledRequest, where: str, bs: int) -> None:

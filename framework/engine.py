@@ -271,8 +271,8 @@ class Engine:
             return []
         if totals.num_first_runs:
             now = self.clock.now()
-            for sr in plan.scheduled:
-                m = sr.request.metrics
+            for r in plan.requests():
+                m = r.metrics
                 if m.first_scheduled_time is None:
                     m.first_scheduled_time = now
         t_sched = time.perf_counter() - t0
@@ -293,9 +293,8 @@ class Engine:
         self._record(plan, totals, result, now, t_sched, t_update)
         self._check_accounted()
         if None not in sampled:  # NOTE: the common step: every request got a token
-            return [sr.request for sr in plan.scheduled]
-        return [sr.request for sr, tok in zip(plan.scheduled, sampled, strict=True)
-                if tok is not None]
+            return plan.requests()
+        return [r for r, tok in zip(plan.requests(), sampled, strict=True) if tok is not None]
 
     def _raise(self, exc: Exception, method: str, step: int | None) -> NoReturn:
         """Raise the one-sentence error for what a plugin call raised (`schedlab.faults`),

@@ -4,7 +4,8 @@ the engine and the executor."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple
 
 from schedlab.request import Request
@@ -64,33 +65,135 @@ class PlanTotals(NamedTuple):
     num_first_runs: int
 
 
-@dataclass(slots=True)
+class DecodeRun(NamedTuple):
+    """A plan's first entries in compact form (`SchedulerOutput.decode_run`): one token each
+    for `requests[i]` from `starts[i]` (its last token, so each samples), over the block table
+    `tables[i]`; no swap-in. Read-only: the lists belong to the plan and the allocator."""
+
+    requests: list[Request]
+    starts: list[int]
+    tables: list[list[int]]
+
+
 class SchedulerOutput:
     """The plan of one step: the only thing the scheduler hands on. The executor runs
     `scheduled` (with their block tables and swap copies); the engine records `preempted`.
-    Executors read the plan and the requests in it and change neither."""
+    Executors read the plan and the requests in it and change neither.
 
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    #: swap preemption: (device block, host slot) pairs to copy out before the step
-    swap_out: list[tuple[int, int]] = field(default_factory=list)
-    #: the plan's aggregates, set by the engine once the plan has passed its checks (None
-    #: before): an executor may read them instead of walking `scheduled`
-    totals: PlanTotals | None = None
+    Args:
+        scheduled: the entries, in order.
+        preempted: the requests preempted in this step.
+        swap_out: swap preemption: (device block, host slot) pairs to copy out before the step.
+        totals: the plan's aggregates (the engine sets them once the plan has passed its checks).
+
+    NOTE: the decodes a step continues are usually most of it and change only by one token a
+    step. `add_decodes` keeps a run of them at the head of an empty plan as three lists (a
+    `DecodeRun`, as vLLM V1 carries cached requests), not as entries: the engine's checks, the
+    sim executor and the update read those lists. `scheduled` builds the entries the first time
+    it is read (a plugin, an executor that walks them: the same list as ever), after which the
+    plan is a plain list again.
+    """
+
+    __slots__ = ("_scheduled", "_run", "_exposed", "preempted", "swap_out", "totals")
+
+    def __init__(self, scheduled: list[ScheduledRequest] | None = None,
+                 preempted: list[Request] | None = None,
+                 swap_out: list[tuple[int, int]] | None = None,
+                 totals: PlanTotals | None = None) -> None:
+        self._scheduled: list[ScheduledRequest] = [] if scheduled is None else scheduled
+        self._run: DecodeRun | None = None
+        #: `scheduled` was read: entries are added to that list from now on
+        self._exposed = scheduled is not None
+        self.preempted: list[Request] = [] if preempted is None else preempted
+        #: swap preemption: (device block, host slot) pairs to copy out before the step
+        self.swap_out: list[tuple[int, int]] = [] if swap_out is None else swap_out
+        #: the plan's aggregates, set by the engine once the plan has passed its checks (None
+        #: before): an executor may read them instead of walking `scheduled`
+        self.totals: PlanTotals | None = totals
+
+    @property
+    def scheduled(self) -> list[ScheduledRequest]:
+        """Every entry, in order (a decode run at the head built into entries on first read)."""
+        run = self._run
+        if run is not None:
+            self._run = None
+            self._scheduled[0:0] = map(ScheduledRequest, run.requests, repeat(1), run.starts,
+                                       run.tables)
+        self._exposed = True
+        return self._scheduled
+
+    @scheduled.setter
+    def scheduled(self, entries: list[ScheduledRequest]) -> None:
+        self._run = None
+        self._exposed = True
+        self._scheduled = entries
+
+    def add(self, entry: ScheduledRequest) -> None:
+        """Append one entry (what `scheduled.append` does, without building a decode run's
+        entries). Changes state."""
+        self._scheduled.append(entry)
+
+    def add_decodes(self, requests: list[Request], starts: list[int],
+                    tables: list[list[int]]) -> None:
+        """Append one-token entries for `requests` from `starts` over `tables`, each at its
+        sequence's last token with no swap-in (the caller checked; the engine checks again),
+        kept as a `DecodeRun` when the plan is still empty. The plan keeps the three lists.
+        Changes state."""
+        if self._run is None and not self._scheduled and not self._exposed and requests:
+            self._run = DecodeRun(requests, starts, tables)
+        else:
+            self._scheduled.extend(map(ScheduledRequest, requests, repeat(1), starts, tables))
+
+    @property
+    def decode_run(self) -> DecodeRun | None:
+        """The compact head of the plan (None: none, every entry is in `rest`). No state
+        change."""
+        return self._run
+
+    @property
+    def rest(self) -> list[ScheduledRequest]:
+        """The entries after `decode_run` (all of them when there is none). Read-only."""
+        return self._scheduled
+
+    @property
+    def num_scheduled(self) -> int:
+        """How many requests run: `len(scheduled)`, without building entries."""
+        run = self._run
+        return len(self._scheduled) + (len(run.requests) if run is not None else 0)
+
+    def requests(self) -> list[Request]:
+        """The scheduled requests, in order, without building entries. No state change."""
+        run = self._run
+        rest = [s.request for s in self._scheduled]
+        return run.requests + rest if run is not None else rest
 
     @property
     def num_batched_tokens(self) -> int:
         """Tokens in the step: the sum of `num_new_tokens`, derived from the plan."""
-        return sum(s.num_new_tokens for s in self.scheduled)
+        run = self._run
+        return (len(run.requests) if run is not None else 0) + sum(
+            s.num_new_tokens for s in self._scheduled)
 
     @property
     def swap_in(self) -> list[tuple[int, int]]:
         """Swap preemption: (host slot, device block) pairs to copy in before the step."""
-        return [p for s in self.scheduled for p in s.swap_in]
+        return [p for s in self._scheduled for p in s.swap_in]
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return self._run is None and not self._scheduled
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SchedulerOutput):
+            return NotImplemented
+        return (self.scheduled, self.preempted, self.swap_out, self.totals) == (
+            other.scheduled, other.preempted, other.swap_out, other.totals)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it was
+
+    def __repr__(self) -> str:
+        return (f"SchedulerOutput(scheduled={self.scheduled!r}, preempted={self.preempted!r}, "
+                f"swap_out={self.swap_out!r}, totals={self.totals!r})")
 
     def count_totals(self) -> PlanTotals:
         """The plan's aggregates (what the engine's check sets as `totals`), in one pass."""

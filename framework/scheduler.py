@@ -10,12 +10,18 @@ builds its plan with, and the state they work on, come from its base
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import chain, repeat
+from operator import add, attrgetter
 
 from schedlab.admission import AdmissionControl
 from schedlab.faults import PluginFault
 from schedlab.plan import SchedulerOutput
 from schedlab.request import Request, RequestStatus
+
+_REQUEST = attrgetter("request")
+_START = attrgetter("start")
+_NUM_NEW = attrgetter("num_new_tokens")
 
 
 class Scheduler(AdmissionControl, ABC):
@@ -80,9 +86,18 @@ class Scheduler(AdmissionControl, ABC):
         max_len = self.config.max_model_len
         cache_computed = self.kv.cache_computed if self.kv.prefix_cache is not None else None
         on_token = self._on_token
-        for sr, token in zip(output.scheduled, sampled, strict=True):
-            req = sr.request
-            req.num_computed_tokens = sr.start + sr.num_new_tokens
+        run, rest = output.decode_run, output.rest
+        if len(sampled) != output.num_scheduled:
+            raise ValueError(f"update_from_output: {len(sampled)} sampled entries for a plan "
+                             f"of {output.num_scheduled}; one per scheduled request")
+        # NOTE: each request and where its step ends, a decode run's (one token each) first
+        reqs: Iterable[Request] = map(_REQUEST, rest)
+        ends: Iterable[int] = map(add, map(_START, rest), map(_NUM_NEW, rest))
+        if run is not None:
+            reqs = chain(run.requests, reqs)
+            ends = chain(map(add, run.starts, repeat(1)), ends)
+        for req, end, token in zip(reqs, ends, sampled):
+            req.num_computed_tokens = end
             if cache_computed is not None:
                 cache_computed(req)
             if token is None:

@@ -6,7 +6,6 @@ import enum
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from operator import attrgetter
 
 from schedlab.clock import InstanceClock
 from schedlab.cluster.router import InstanceLoad
@@ -19,8 +18,6 @@ from schedlab.cluster.transfer import (
 )
 from schedlab.engine import Engine
 from schedlab.request import Request, RequestStatus, SamplingParams
-
-_REQUEST = attrgetter("request")
 
 
 class Role(enum.Enum):
@@ -218,7 +215,7 @@ class Instance:
             self._load = None
             plan = self.engine.last_plan
             if plan is not None:
-                done = [r for r in map(_REQUEST, plan.scheduled)
+                done = [r for r in plan.requests()
                         if r.is_finished and r.request_id in in_flight]
                 if len(done) == ended:
                     for r in done:

@@ -167,13 +167,21 @@ class SimExecutor(Executor):
 
         NOTE: plain loops, not `map` over attrgetters: Python 3.11 specializes the slot reads.
         """
-        scheduled = plan.scheduled
-        n, nw = len(scheduled), len(words)
+        scheduled = plan.rest
+        n, nw = plan.num_scheduled, len(words)
         tokens = t.num_prefill_tokens + t.num_decode_tokens
         swapped = t.num_swap_in + len(plan.swap_out)
         out: list[int | None] = []
         add = out.append
         starts = 0
+        run = plan.decode_run
+        if run is not None:  # NOTE: one token each, each sampling: the loops' decode case
+            starts = sum(run.starts)
+            for r in run.requests:
+                if r.sampling_params.stop_token_ids:
+                    add(self._output_token(r))
+                else:
+                    add(words[len(r.output_token_ids) % nw])
         if tokens == n and t.num_sampled == n:  # one token each, every one sampled: decodes
             for sr in scheduled:
                 r = sr.request
