@@ -99,7 +99,8 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
     if total > limits.max_num_batched_tokens:
         raise PluginContractError(f"{_where(scheduler, step)} {total} tokens, more than "
                                   f"max_num_batched_tokens={limits.max_num_batched_tokens}")
-    return PlanTotals(num_other_tokens, num_decode, num_seqs - num_unsampled, swap_in, first)
+    return PlanTotals(num_other_tokens, num_decode, num_seqs - num_unsampled, swap_in, first,
+                      num_seqs)
 
 
 def _where(scheduler: str, step: int) -> str:

@@ -63,6 +63,8 @@ class PlanTotals(NamedTuple):
     num_swap_in: int
     #: entries whose request runs for the first time (no `first_scheduled_time` yet)
     num_first_runs: int
+    #: the entries (`SchedulerOutput.num_scheduled`)
+    num_seqs: int
 
 
 class DecodeRun(NamedTuple):
@@ -94,14 +96,16 @@ class SchedulerOutput:
     plan is a plain list again.
     """
 
-    __slots__ = ("_scheduled", "_run", "_exposed", "preempted", "swap_out", "totals")
+    __slots__ = ("rest", "decode_run", "_exposed", "preempted", "swap_out", "totals")
 
     def __init__(self, scheduled: list[ScheduledRequest] | None = None,
                  preempted: list[Request] | None = None,
                  swap_out: list[tuple[int, int]] | None = None,
                  totals: PlanTotals | None = None) -> None:
-        self._scheduled: list[ScheduledRequest] = [] if scheduled is None else scheduled
-        self._run: DecodeRun | None = None
+        #: the entries after `decode_run` (all of them when there is none); read-only
+        self.rest: list[ScheduledRequest] = [] if scheduled is None else scheduled
+        #: the compact head of the plan (None: none, every entry is in `rest`); read-only
+        self.decode_run: DecodeRun | None = None
         #: `scheduled` was read: entries are added to that list from now on
         self._exposed = scheduled is not None
         self.preempted: list[Request] = [] if preempted is None else preempted
@@ -114,24 +118,24 @@ class SchedulerOutput:
     @property
     def scheduled(self) -> list[ScheduledRequest]:
         """Every entry, in order (a decode run at the head built into entries on first read)."""
-        run = self._run
+        run = self.decode_run
         if run is not None:
-            self._run = None
-            self._scheduled[0:0] = map(ScheduledRequest, run.requests, repeat(1), run.starts,
-                                       run.tables)
+            self.decode_run = None
+            self.rest[0:0] = map(ScheduledRequest, run.requests, repeat(1), run.starts,
+                                 run.tables)
         self._exposed = True
-        return self._scheduled
+        return self.rest
 
     @scheduled.setter
     def scheduled(self, entries: list[ScheduledRequest]) -> None:
-        self._run = None
+        self.decode_run = None
         self._exposed = True
-        self._scheduled = entries
+        self.rest = entries
 
     def add(self, entry: ScheduledRequest) -> None:
         """Append one entry (what `scheduled.append` does, without building a decode run's
         entries). Changes state."""
-        self._scheduled.append(entry)
+        self.rest.append(entry)
 
     def add_decodes(self, requests: list[Request], starts: list[int],
                     tables: list[list[int]]) -> None:
@@ -139,49 +143,39 @@ class SchedulerOutput:
         sequence's last token with no swap-in (the caller checked; the engine checks again),
         kept as a `DecodeRun` when the plan is still empty. The plan keeps the three lists.
         Changes state."""
-        if self._run is None and not self._scheduled and not self._exposed and requests:
-            self._run = DecodeRun(requests, starts, tables)
+        if self.decode_run is None and not self.rest and not self._exposed and requests:
+            self.decode_run = DecodeRun._make((requests, starts, tables))  # NOTE: C-level
         else:
-            self._scheduled.extend(map(ScheduledRequest, requests, repeat(1), starts, tables))
-
-    @property
-    def decode_run(self) -> DecodeRun | None:
-        """The compact head of the plan (None: none, every entry is in `rest`). No state
-        change."""
-        return self._run
-
-    @property
-    def rest(self) -> list[ScheduledRequest]:
-        """The entries after `decode_run` (all of them when there is none). Read-only."""
-        return self._scheduled
+            self.rest.extend(map(ScheduledRequest, requests, repeat(1), starts, tables))
 
     @property
     def num_scheduled(self) -> int:
         """How many requests run: `len(scheduled)`, without building entries."""
-        run = self._run
-        return len(self._scheduled) + (len(run.requests) if run is not None else 0)
+        run = self.decode_run
+        return len(self.rest) + (len(run.requests) if run is not None else 0)
 
     def requests(self) -> list[Request]:
         """The scheduled requests, in order, without building entries. No state change."""
-        run = self._run
-        rest = [s.request for s in self._scheduled]
-        return run.requests + rest if run is not None else rest
+        run, rest = self.decode_run, self.rest
+        if run is None:
+            return [s.request for s in rest]
+        return run.requests + [s.request for s in rest] if rest else run.requests.copy()
 
     @property
     def num_batched_tokens(self) -> int:
         """Tokens in the step: the sum of `num_new_tokens`, derived from the plan."""
-        run = self._run
+        run = self.decode_run
         return (len(run.requests) if run is not None else 0) + sum(
-            s.num_new_tokens for s in self._scheduled)
+            s.num_new_tokens for s in self.rest)
 
     @property
     def swap_in(self) -> list[tuple[int, int]]:
         """Swap preemption: (host slot, device block) pairs to copy in before the step."""
-        return [p for s in self._scheduled for p in s.swap_in]
+        return [p for s in self.rest for p in s.swap_in]
 
     @property
     def is_empty(self) -> bool:
-        return self._run is None and not self._scheduled
+        return self.decode_run is None and not self.rest
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SchedulerOutput):
@@ -208,4 +202,4 @@ class SchedulerOutput:
             sampled += end == len(r.prompt_token_ids) + len(r.output_token_ids)
             swap_in += len(s.swap_in)
             first += r.metrics.first_scheduled_time is None
-        return PlanTotals(prefill, decode, sampled, swap_in, first)
+        return PlanTotals(prefill, decode, sampled, swap_in, first, len(self.scheduled))

@@ -87,15 +87,21 @@ class Scheduler(AdmissionControl, ABC):
         cache_computed = self.kv.cache_computed if self.kv.prefix_cache is not None else None
         on_token = self._on_token
         run, rest = output.decode_run, output.rest
-        if len(sampled) != output.num_scheduled:
-            raise ValueError(f"update_from_output: {len(sampled)} sampled entries for a plan "
-                             f"of {output.num_scheduled}; one per scheduled request")
         # NOTE: each request and where its step ends, a decode run's (one token each) first
-        reqs: Iterable[Request] = map(_REQUEST, rest)
-        ends: Iterable[int] = map(add, map(_START, rest), map(_NUM_NEW, rest))
-        if run is not None:
-            reqs = chain(run.requests, reqs)
-            ends = chain(map(add, run.starts, repeat(1)), ends)
+        reqs: Iterable[Request]
+        ends: Iterable[int]
+        if run is None:
+            num = len(rest)
+            reqs, ends = map(_REQUEST, rest), map(add, map(_START, rest), map(_NUM_NEW, rest))
+        else:
+            num = len(run.requests) + len(rest)
+            reqs, ends = run.requests, map(add, run.starts, repeat(1))
+            if rest:
+                reqs = chain(reqs, map(_REQUEST, rest))
+                ends = chain(ends, map(add, map(_START, rest), map(_NUM_NEW, rest)))
+        if len(sampled) != num:
+            raise ValueError(f"update_from_output: {len(sampled)} sampled entries for a plan "
+                             f"of {num}; one per scheduled request")
         for req, end, token in zip(reqs, ends, sampled):
             req.num_computed_tokens = end
             if cache_computed is not None:

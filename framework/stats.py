@@ -94,7 +94,7 @@ def step_stats(step: int, plan: SchedulerOutput, totals: PlanTotals, result: Exe
     num_prefill, num_decode = totals.num_prefill_tokens, totals.num_decode_tokens
     # NOTE: positional, in the field order (once per step; keywords cost twice as much)
     st = StepStats(step, now, result.step_time, len(scheduler.running), len(scheduler.waiting),
-                   num_prefill + num_decode, num_prefill, num_decode, plan.num_scheduled,
+                   num_prefill + num_decode, num_prefill, num_decode, totals.num_seqs,
                    len(plan.preempted), u.used_blocks, u.free_blocks, u.cached_blocks,
                    u.reserved_tokens, u.used_tokens, t_sched + t_update, t_sched, 0.0, 0.0, 0.0,
                    0.0, t_update)

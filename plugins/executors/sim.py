@@ -168,7 +168,7 @@ class SimExecutor(Executor):
         NOTE: plain loops, not `map` over attrgetters: Python 3.11 specializes the slot reads.
         """
         scheduled = plan.rest
-        n, nw = plan.num_scheduled, len(words)
+        n, nw = t.num_seqs, len(words)
         tokens = t.num_prefill_tokens + t.num_decode_tokens
         swapped = t.num_swap_in + len(plan.swap_out)
         out: list[int | None] = []
