@@ -144,7 +144,7 @@ class SchedulerOutput:
         kept as a `DecodeRun` when the plan is still empty. The plan keeps the three lists.
         Changes state."""
         if self.decode_run is None and not self.rest and not self._exposed and requests:
-            self.decode_run = DecodeRun._make((requests, starts, tables))  # NOTE: C-level
+            self.decode_run = tuple.__new__(DecodeRun, (requests, starts, tables))  # NOTE: C-level
         else:
             self.rest.extend(map(ScheduledRequest, requests, repeat(1), starts, tables))
 

@@ -102,7 +102,7 @@ class Scheduler(AdmissionControl, ABC):
         if len(sampled) != num:
             raise ValueError(f"update_from_output: {len(sampled)} sampled entries for a plan "
                              f"of {num}; one per scheduled request")
-        for req, end, token in zip(reqs, ends, sampled):
+        for req, end, token in zip(reqs, ends, sampled, strict=True):
             req.num_computed_tokens = end
             if cache_computed is not None:
                 cache_computed(req)

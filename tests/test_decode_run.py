@@ -116,7 +116,7 @@ def test_add_decodes_of_a_token_that_is_not_the_last_is_refused_with_a_sentence(
 
 def test_an_executor_that_returns_too_few_tokens_is_told_how_many():
     eng = fake_engine()
-    for i in range(2):
+    for _ in range(2):
         eng.add_request(list(range(2, 8)), SamplingParams(max_tokens=4, ignore_eos=True))
     eng.step()
     plan = eng.scheduler.schedule()
