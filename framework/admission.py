@@ -95,17 +95,17 @@ class AdmissionControl:
         block, go through `_continue` in order. Returns where the run stopped and the budget
         left. Changes state."""
         running = self.running
-        run: list[Request] = []
         starts: list[int] = []
+        add_start = starts.append
         for req in islice(running, i, i + budget):
             done = req.num_computed_tokens
             if len(req.prompt_token_ids) + len(req.output_token_ids) - done != 1:
                 break
-            run.append(req)
-            starts.append(done)
-        if not run:
+            add_start(done)
+        if not starts:
             return i, budget
-        stop = i + len(run)
+        stop = i + len(starts)
+        run = running[i:stop]
         tables = self.kv.allocate_next_tokens(run)
         if None not in tables:  # NOTE: the common step: the pool had a slot for every decode
             out.add_decodes(run, starts, cast("list[list[int]]", tables))
