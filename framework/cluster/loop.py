@@ -246,6 +246,8 @@ class WorkloadParams(Sequence[SamplingParams]):
         self._workload = workload
         self._temperature = temperature
         self._ignore_eos = ignore_eos
+        #: the first request's, checked; each request's a copy with its `max_tokens`
+        self._first: SamplingParams | None = None
         # NOTE: checked here, before the run, as building them all would: the first request
         # whose parameters are not plain valid ones is built, to raise SamplingParams' error
         for k, w in enumerate(workload):
@@ -263,9 +265,13 @@ class WorkloadParams(Sequence[SamplingParams]):
     def __getitem__(self, i: int | slice) -> SamplingParams | list[SamplingParams]:
         if isinstance(i, slice):
             return [self[k] for k in range(len(self))[i]]
-        return SamplingParams(temperature=self._temperature,
-                              max_tokens=self._workload[i].max_tokens,
-                              ignore_eos=self._ignore_eos)
+        max_tokens = self._workload[i].max_tokens
+        first = self._first
+        if first is None:
+            first = self._first = SamplingParams(temperature=self._temperature,
+                                                 max_tokens=max_tokens,
+                                                 ignore_eos=self._ignore_eos)
+        return first.with_max_tokens(max_tokens)
 
 
 def _finish_time(req: Request, default: float) -> float:
