@@ -19,6 +19,7 @@ from schedlab.cluster.transfer import (
 )
 from schedlab.engine import Engine
 from schedlab.request import Request, RequestStatus, SamplingParams
+from schedlab.runs.distributions import WorkloadRequest
 
 _REQUEST = attrgetter("request")
 
@@ -147,14 +148,16 @@ class Instance:
 
     # ---- changes -------------------------------------------------------------------------
     def add(self, request_id: str | None, prompt: Sequence[int], params: SamplingParams,
-            arrival: float, **fields) -> Request:
-        """Submit a routed request (jumping an idle instance's clock to its arrival).
-        Changes state."""
+            arrival: float, w: WorkloadRequest) -> Request:
+        """Submit a routed request with `w`'s metadata (jumping an idle instance's clock to
+        its arrival). Changes state."""
         self._load = None
-        if not self.engine.has_unfinished():
-            self.engine.clock.sleep_until(arrival)
-        req = self.engine.add_request(prompt, params, request_id=request_id,
-                                      arrival_time=arrival, **fields)
+        engine = self.engine
+        if not engine.has_unfinished():
+            engine.clock.sleep_until(arrival)
+        req = engine.add_request(prompt, params, request_id, arrival, w.priority,
+                                 w.expected_output_len, w.client_id, w.deadline_ms,
+                                 w.slo_class)
         self.in_flight[req.request_id] = req
         self.num_routed += 1
         return req
