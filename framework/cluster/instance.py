@@ -22,6 +22,8 @@ from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
 
 _REQUEST = attrgetter("request")
+#: the statuses of a request not ended (`Request.is_finished` is False), tested by identity
+_LIVE = (RequestStatus.RUNNING, RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 class Role(enum.Enum):
@@ -221,8 +223,8 @@ class Instance:
             self._load = None
             plan = self.engine.last_plan
             if plan is not None:
-                done = [r for r in map(_REQUEST, plan.scheduled)
-                        if r.is_finished and r.request_id in in_flight]
+                done = [r for r in map(_REQUEST, plan.scheduled)  # NOTE: `is_finished`
+                        if r.status not in _LIVE and r.request_id in in_flight]
                 if len(done) == ended:
                     for r in done:
                         del in_flight[r.request_id]
