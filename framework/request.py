@@ -119,7 +119,7 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be a list of token ids, got {stop!r}")
         self.stop_token_ids = [_integer("stop_token_ids[]", t) for t in stop]
 
-    def with_max_tokens(self, max_tokens: object) -> SamplingParams:
+    def with_max_tokens(self, max_tokens: int) -> SamplingParams:
         """A new `SamplingParams` equal to these with `max_tokens` (what the constructor
         gives for these fields and it, error included): these were checked when made, so a
         plain int in range is only copied in (a workload's requests, one each, at ~1/10 of
