@@ -140,9 +140,12 @@ class RequestStats:
             return
         self._rows = []
         cols = list(zip(*rows, strict=True))
-        at = np.array(cols[0], np.int64)
+        n = len(rows)
+        at = np.fromiter(cols[0], np.int64, n)
         for name, col in zip(_COLUMNS, cols[1:], strict=True):
-            getattr(self, name)[at] = col
+            dest = getattr(self, name)
+            # NOTE: each value converted to the column's dtype as an item assignment does
+            dest[at] = np.fromiter(col, dest.dtype, n)
 
     def _move_pending(self) -> None:
         """Append the pending token times to `_times`. Changes state (not what it reads as)."""
