@@ -128,10 +128,11 @@ class Engine:
         if rid in self.requests:
             raise ValueError(f"request_id {rid!r} is already in use")
         now = self.clock.now()
-        prompt = read_prompt(prompt_token_ids, self.model_spec.vocab_size)
+        spec = self.model_spec
+        ids, reason = read_prompt(prompt_token_ids, spec.vocab_size)
         req = Request(
             request_id=rid,
-            prompt_token_ids=prompt.ids,
+            prompt_token_ids=ids,
             sampling_params=sp,
             arrival_time=now if arrival_time is None else arrival_time,
             priority=priority,
@@ -139,10 +140,11 @@ class Engine:
             client_id=client_id,
             deadline_ms=deadline_ms,
             slo_class=slo_class,
-            eos_token_ids=frozenset(self.model_spec.eos_token_ids),
+            eos_token_ids=frozenset(spec.eos_token_ids),
         )
         self.requests[rid] = req
-        reason = prompt.reason or why_invalid(req, self.max_model_len, self.kv.allocator)
+        if reason is None:
+            reason = why_invalid(req, self.limits.max_model_len, self.kv.allocator)
         if reason is not None:
             req.end(RequestStatus.REJECTED, now, reason)
             return req

@@ -86,10 +86,10 @@ def read_prompt(prompt_token_ids: Iterable[object], vocab_size: int) -> Prompt:
 def why_invalid(req: Request, max_model_len: int, alloc: KVAllocator) -> str | None:
     """Why `req`, whose prompt `read_prompt` found fine, can never run on this engine: too
     long, or more KV than the whole pool (None: it can). No state change."""
-    n = req.num_prompt_tokens
+    n = len(req.prompt_token_ids)  # NOTE: `num_prompt_tokens`, `max_total_tokens` inline
     if n > max_model_len:
         return f"prompt has {n} tokens, more than max_model_len={max_model_len}"
-    total = req.max_total_tokens
+    total = n + req.sampling_params.max_tokens
     if total > max_model_len:
         return (f"prompt ({n} tokens) + max_tokens ({req.sampling_params.max_tokens}) = "
                 f"{total} exceeds max_model_len={max_model_len}")

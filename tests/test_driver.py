@@ -244,3 +244,34 @@ def test_overlapping_runs_leave_the_collector_as_it_was():
         assert during_b == [GC_YOUNG_THRESHOLD] and gc.get_threshold() == (700, 10, 10)
     finally:
         gc.set_threshold(*old)
+
+
+def test_sampling_params_with_max_tokens_equal_the_constructors_own():
+    """`with_max_tokens` (a workload's per-request params, copied from the first request's)
+    gives what the constructor gives, lists and dicts of its own, and its errors."""
+    import dataclasses
+
+    from schedlab.cluster.loop import WorkloadParams
+    from schedlab.request import SamplingParams
+
+    fields = {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "max_tokens": 3, "seed": 11,
+              "ignore_eos": True, "stop_token_ids": [4, 5], "min_tokens": 2,
+              "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
+              "logit_bias": {3: 200.0}}
+    assert set(fields) == {f.name for f in dataclasses.fields(SamplingParams)}
+    base = SamplingParams(**fields)
+    for n in (2, 7, 1 << 40):
+        got = base.with_max_tokens(n)
+        assert type(got) is SamplingParams and got == SamplingParams(**{**fields, "max_tokens": n})
+        assert got.stop_token_ids is not base.stop_token_ids
+        assert got.logit_bias is not base.logit_bias
+    for bad in (0, 1, -3, 2.0, True, "4", None):
+        with pytest.raises(ValueError) as got_error:
+            base.with_max_tokens(bad)
+        with pytest.raises(ValueError) as want:
+            SamplingParams(**{**fields, "max_tokens": bad})
+        assert str(got_error.value) == str(want.value)
+    params = WorkloadParams([WorkloadRequest([5], k) for k in (4, 1, 9)], 0, True)
+    assert [p.max_tokens for p in params] == [4, 1, 9]
+    assert params[0] == SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    assert params[2] is not params[2] and len({id(p) for p in params[:]}) == 3

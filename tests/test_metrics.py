@@ -176,6 +176,54 @@ def test_token_times_filed_in_bulk_read_as_filed_one_by_one(monkeypatch):
         assert stats.itls(done) == full["itls"]
 
 
+def test_request_rows_stored_in_bulk_read_as_filed_one_by_one(monkeypatch):
+    """Each filed request's numbers wait in a row until a batch is stored a column at a
+    time: every column reads as if each request were stored when filed, a read mid-run
+    included (rejected and unfinished requests, clients, classes and deadlines too)."""
+    from schedlab.runs import request_stats
+    from schedlab.runs.request_stats import (
+        COMPLETED,
+        FAILED,
+        NO_GROUP,
+        OPEN,
+        REJECTED,
+        RequestStats,
+    )
+
+    reqs = [_request(str(k), 3 + k % 4, 0.5 * k, 0.5 * k + 0.1,
+                     [0.5 * k + 0.2 + 0.01 * j for j in range(1 + k % 5)]) for k in range(12)]
+    reqs[3].status, reqs[3].reject_reason = RequestStatus.REJECTED, "too long"
+    reqs[3].metrics.token_times = []
+    reqs[5].status, reqs[5].finish_reason = RequestStatus.FINISHED_ABORTED, "abort"
+    reqs[7].client_id, reqs[7].slo_class, reqs[7].deadline_ms = "acme", "chat", 250
+    reqs[8].client_id = "zeta"
+    for rows in (1, 5, 4096):
+        monkeypatch.setattr(request_stats, "_PENDING_ROWS", rows)
+        stats = RequestStats(len(reqs) + 1, 0.0)
+        for k in range(6):
+            stats.add(k, reqs[k])
+        assert stats.status[:7].tolist() == [COMPLETED] * 3 + [REJECTED, COMPLETED, FAILED,
+                                                               OPEN]
+        for k in range(6, len(reqs)):
+            stats.add(k, reqs[k])
+        r = reqs[7]
+        assert stats.ttft[7] == r.metrics.first_token_time - r.metrics.arrival_time
+        assert stats.e2el[7] == r.metrics.finished_time - r.metrics.arrival_time
+        assert stats.queue[7] == r.metrics.first_scheduled_time - r.metrics.arrival_time
+        assert stats.arrival.tolist()[:12] == [x.metrics.arrival_time for x in reqs]
+        assert stats.num_input[7] == len(r.prompt_token_ids)
+        assert stats.num_output.tolist() == [len(x.output_token_ids) if x.metrics.token_times
+                                             else 0 for x in reqs] + [0]
+        assert stats.ttft[3] == stats.e2el[3] == stats.num_tokens[3] == 0
+        assert np.isnan(stats.finished[12]) and stats.finished[3] == reqs[3].metrics.finished_time
+        assert stats.client.tolist() == [NO_GROUP] * 7 + [0, 1] + [NO_GROUP] * 4
+        assert stats.slo_class.tolist() == [NO_GROUP] * 7 + [0] + [NO_GROUP] * 5
+        assert stats.deadline_ms[7] == 250.0 and np.isnan(stats.deadline_ms).sum() == 12
+        assert stats.errors == {3: "too long", 5: "abort"}
+        assert stats.token_times(np.array([7, 2])).tolist() == (
+            reqs[7].metrics.token_times + reqs[2].metrics.token_times)
+
+
 def test_steps_csv_reads_as_the_csv_module_writes_it(tmp_path, monkeypatch):
     """steps.csv, written row by row as one format, is byte for byte what `csv.writer`
     writes of the same records (floats by repr, ints by str, \\r\\n line ends)."""

@@ -365,3 +365,23 @@ def test_synthetic_prompts_read_out_of_order_or_across_blocks_as_drawn():
     for own in (True, False):
         ids = got[2].read(own=own)
         assert type(ids) is InRangeIds and ids == expect[2] and ids.bound == VOCAB
+
+
+def test_synthetic_prompts_read_ahead_in_order_with_jumps_back_and_forth_as_drawn():
+    """Reading in order draws `READ_AHEAD_TOKENS` or so at a time from where the last draw
+    ended; reads that jump back, forward, skip a block's first prompt or alternate own and
+    shared ints still give each prompt its own seeded draw."""
+    from schedlab.runs.prompts import READ_AHEAD_TOKENS, lazy_prompts
+
+    r = np.random.default_rng(3)
+    lens = r.integers(0, 600, size=3 * READ_AHEAD_TOKENS // 300).tolist()
+    lens[5], lens[50:53], lens[70] = 0, [0, 0, 0], 3000
+    rng, expect_rng = np.random.default_rng(4), np.random.default_rng(4)
+    expect = [random_tokens(expect_rng, k, VOCAB) for k in lens]
+    got = lazy_prompts(rng, lens, VOCAB)
+    order = list(range(len(lens)))
+    for i in range(0, len(order) - 10, 37):
+        order[i], order[i + 7] = order[i + 7], order[i]
+    order += order[:60] + order[::-1]
+    for n, k in enumerate(order):
+        assert got[k].read(own=n % 3 > 0) == expect[k], k

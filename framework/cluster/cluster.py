@@ -188,10 +188,7 @@ class Cluster:
             loads = _Loads(pool, probe if self.router.uses_prefix else None)
             j = self._checked(self.router, self.router.select(probe, loads), len(pool))
         inst = pool[j]
-        req = inst.add(request_id, prompt, params, arrival,
-                       priority=w.priority, expected_output_len=w.expected_output_len,
-                       client_id=w.client_id, deadline_ms=w.deadline_ms,
-                       slo_class=w.slo_class)
+        req = inst.add(request_id, prompt, params, arrival, w)
         self.router.on_routed(req, j)
         self._record.routed[k] = req
         return inst, req

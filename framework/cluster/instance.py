@@ -18,6 +18,10 @@ from schedlab.cluster.transfer import (
 )
 from schedlab.engine import Engine
 from schedlab.request import Request, RequestStatus, SamplingParams
+from schedlab.runs.distributions import WorkloadRequest
+
+#: the statuses of a request not ended (`Request.is_finished` is False), tested by identity
+_LIVE = (RequestStatus.RUNNING, RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 class Role(enum.Enum):
@@ -144,14 +148,16 @@ class Instance:
 
     # ---- changes -------------------------------------------------------------------------
     def add(self, request_id: str | None, prompt: Sequence[int], params: SamplingParams,
-            arrival: float, **fields) -> Request:
-        """Submit a routed request (jumping an idle instance's clock to its arrival).
-        Changes state."""
+            arrival: float, w: WorkloadRequest) -> Request:
+        """Submit a routed request with `w`'s metadata (jumping an idle instance's clock to
+        its arrival). Changes state."""
         self._load = None
-        if not self.engine.has_unfinished():
-            self.engine.clock.sleep_until(arrival)
-        req = self.engine.add_request(prompt, params, request_id=request_id,
-                                      arrival_time=arrival, **fields)
+        engine = self.engine
+        if not engine.has_unfinished():
+            engine.clock.sleep_until(arrival)
+        req = engine.add_request(prompt, params, request_id, arrival, w.priority,
+                                 w.expected_output_len, w.client_id, w.deadline_ms,
+                                 w.slo_class)
         self.in_flight[req.request_id] = req
         self.num_routed += 1
         return req
@@ -215,8 +221,8 @@ class Instance:
             self._load = None
             plan = self.engine.last_plan
             if plan is not None:
-                done = [r for r in plan.requests()
-                        if r.is_finished and r.request_id in in_flight]
+                done = [r for r in plan.requests()  # NOTE: `is_finished` inline
+                        if r.status not in _LIVE and r.request_id in in_flight]
                 if len(done) == ended:
                     for r in done:
                         del in_flight[r.request_id]

@@ -184,8 +184,8 @@ def arrival_times(spec: Mapping[str, Any] | None, n: int, rng: np.random.Generat
 def set_arrivals(reqs: list[WorkloadRequest], spec: Any, rng: np.random.Generator) -> None:
     if spec is not None and not isinstance(spec, Mapping):
         raise WorkloadError(f"workload.arrival={spec!r} must be a mapping with 'process'")
-    for r, t in zip(reqs, arrival_times(spec, len(reqs), rng), strict=True):
-        r.arrival_s = float(t)
+    for r, t in zip(reqs, arrival_times(spec, len(reqs), rng).tolist(), strict=True):
+        r.arrival_s = t
 
 
 # ---- spec helpers ----------------------------------------------------------------------

@@ -8,6 +8,7 @@ and the group figures (`schedlab.runs.groups`) read only this, so both give the 
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -22,6 +23,14 @@ NO_GROUP = -1
 CHUNK_TOKENS = 1 << 20
 #: token times filed before they move into the run's buffer in one go
 _PENDING_TIMES = 1 << 16
+#: requests filed before their numbers are stored in the arrays in one go
+_PENDING_ROWS = 4096
+#: the arrays of `RequestStats` a filed request's row holds, in order (after its position)
+_COLUMNS = ("_status", "_arrival", "_finished", "_ttft", "_e2el", "_queue", "_num_input",
+            "_num_output", "_token_at", "_num_tokens", "_client", "_slo_class",
+            "_deadline_ms")
+_DONE = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+_NAN = float("nan")
 
 
 def is_completed(r: Request) -> bool:
@@ -49,30 +58,30 @@ class RequestStats:
     def __init__(self, num_requests: int, start_time: float) -> None:
         n = num_requests
         self.start_time = start_time
-        self.status = np.zeros(n, np.int8)
-        #: arrival of every filed request; end of every ended one (NaN: it never ended)
-        self.arrival = np.zeros(n)
-        self.finished = np.full(n, np.nan)
-        #: seconds since arrival, of completed requests
-        self.ttft = np.zeros(n)
-        self.e2el = np.zeros(n)
-        self.queue = np.zeros(n)
-        #: prompt and output tokens of every request that produced a token (0 otherwise)
-        self.num_input = np.zeros(n, np.int64)
-        self.num_output = np.zeros(n, np.int64)
-        #: each request's token times: `_times[token_at[k]: token_at[k] + num_tokens[k]]`
-        self.token_at = np.zeros(n, np.int64)
-        self.num_tokens = np.zeros(n, np.int64)
+        # NOTE: each column's array is a property (below) that files the pending rows first
+        self._status = np.zeros(n, np.int8)
+        self._arrival = np.zeros(n)
+        self._finished = np.full(n, np.nan)
+        self._ttft = np.zeros(n)
+        self._e2el = np.zeros(n)
+        self._queue = np.zeros(n)
+        self._num_input = np.zeros(n, np.int64)
+        self._num_output = np.zeros(n, np.int64)
+        self._token_at = np.zeros(n, np.int64)
+        self._num_tokens = np.zeros(n, np.int64)
         self._times = np.empty(max(16, n))
         self._times_len = 0
-        #: token times filed since they were last moved into `_times` (in bulk: a list's
-        #: `+=` costs a fraction of a numpy assignment's set-up per request)
-        self._pending: list[float] = []
-        #: each request's client and SLO class, as an index into `client_names` /
-        #: `slo_class_names` (`NO_GROUP`: none), and its deadline (ms; NaN: none)
-        self.client = np.full(n, NO_GROUP, np.int32)
-        self.slo_class = np.full(n, NO_GROUP, np.int32)
-        self.deadline_ms = np.full(n, np.nan)
+        #: token times filed since they were last moved into `_times`, as doubles (in bulk:
+        #: a numpy assignment's set-up per request costs more; and the floats are read once,
+        #: not held: each is cold in cache by then, scattered over the run's memory)
+        self._pending = array("d")
+        self._client = np.full(n, NO_GROUP, np.int32)
+        self._slo_class = np.full(n, NO_GROUP, np.int32)
+        self._deadline_ms = np.full(n, np.nan)
+        #: requests filed since their numbers were last stored in the arrays: one row each
+        #: (position, then `_COLUMNS`' values), stored a column at a time in one numpy call
+        #: (a numpy call per number per request was most of filing one)
+        self._rows: list[tuple] = []
         self._client_codes: dict[str, int] = {}
         self._slo_class_codes: dict[str, int] = {}
         #: why each request that did not complete ended, by position
@@ -89,35 +98,54 @@ class RequestStats:
     def add(self, k: int, r: Request) -> None:
         """File request `r`, ended, as position `k`. Changes state."""
         m = r.metrics
-        self.arrival[k] = m.arrival_time
-        if m.finished_time is not None:
-            self.finished[k] = m.finished_time
-        if r.client_id is not None:
-            self.client[k] = _code(self._client_codes, r.client_id)
-        if r.slo_class is not None:
-            self.slo_class[k] = _code(self._slo_class_codes, r.slo_class)
-        if r.deadline_ms is not None:
-            self.deadline_ms[k] = r.deadline_ms
+        finished = m.finished_time
+        client = (NO_GROUP if r.client_id is None
+                  else _code(self._client_codes, r.client_id))
+        slo_class = (NO_GROUP if r.slo_class is None
+                     else _code(self._slo_class_codes, r.slo_class))
+        deadline = _NAN if r.deadline_ms is None else r.deadline_ms
         times = m.token_times
         if times:
-            self._file_times(k, times)
-            self.num_input[k] = r.num_prompt_tokens
-            self.num_output[k] = r.num_output_tokens
-        if not is_completed(r):
-            self.status[k] = REJECTED if r.status is RequestStatus.REJECTED else FAILED
+            pending = self._pending
+            token_at, num_tokens = self._times_len + len(pending), len(times)
+            num_input, num_output = len(r.prompt_token_ids), len(r.output_token_ids)
+            if type(times) is list:
+                pending.fromlist(times)
+            else:
+                pending.extend(times)
+            if len(pending) >= _PENDING_TIMES:
+                self._move_pending()
+        else:
+            token_at = num_tokens = num_input = num_output = 0
+        if r.status in _DONE and times:  # NOTE: `is_completed`, inline
+            status = COMPLETED
+            ttft = since_arrival(r, m.first_token_time)
+            e2el = since_arrival(r, finished)
+            queue = since_arrival(r, m.first_scheduled_time)
+        else:
+            status = REJECTED if r.status is RequestStatus.REJECTED else FAILED
             self.errors[k] = r.reject_reason or r.finish_reason
-            return
-        self.status[k] = COMPLETED
-        self.ttft[k] = since_arrival(r, m.first_token_time)
-        self.e2el[k] = since_arrival(r, m.finished_time)
-        self.queue[k] = since_arrival(r, m.first_scheduled_time)
+            ttft = e2el = queue = 0.0
+        rows = self._rows
+        rows.append((k, status, m.arrival_time, _NAN if finished is None else finished, ttft,
+                     e2el, queue, num_input, num_output, token_at, num_tokens, client,
+                     slo_class, deadline))
+        if len(rows) >= _PENDING_ROWS:
+            self._store_rows()
 
-    def _file_times(self, k: int, times: list[float]) -> None:
-        pending = self._pending
-        self.token_at[k], self.num_tokens[k] = self._times_len + len(pending), len(times)
-        pending += times
-        if len(pending) >= _PENDING_TIMES:
-            self._move_pending()
+    def _store_rows(self) -> None:
+        """Store the pending rows in the arrays. Changes state (not what it reads as)."""
+        rows = self._rows
+        if not rows:
+            return
+        self._rows = []
+        cols = list(zip(*rows, strict=True))
+        n = len(rows)
+        at = np.fromiter(cols[0], np.int64, n)
+        for name, col in zip(_COLUMNS, cols[1:], strict=True):
+            dest = getattr(self, name)
+            # NOTE: each value converted to the column's dtype as an item assignment does
+            dest[at] = np.fromiter(col, dest.dtype, n)
 
     def _move_pending(self) -> None:
         """Append the pending token times to `_times`. Changes state (not what it reads as)."""
@@ -130,9 +158,87 @@ class RequestStats:
             grown = np.empty(max(end, 2 * len(self._times)))
             grown[:start] = self._times[:start]
             self._times = grown
-        self._times[start:end] = np.fromiter(pending, np.float64, len(pending))
+        self._times[start:end] = np.frombuffer(pending, np.float64)
         self._times_len = end
-        self._pending = []
+        self._pending = array("d")
+
+    # ---- the columns, by position (the pending rows stored first) ----------------------------
+    @property
+    def status(self) -> np.ndarray:
+        """`OPEN`, `COMPLETED`, `REJECTED` or `FAILED`."""
+        self._store_rows()
+        return self._status
+
+    @property
+    def arrival(self) -> np.ndarray:
+        """Arrival of every filed request."""
+        self._store_rows()
+        return self._arrival
+
+    @property
+    def finished(self) -> np.ndarray:
+        """End of every ended request (NaN: it never ended)."""
+        self._store_rows()
+        return self._finished
+
+    @property
+    def ttft(self) -> np.ndarray:
+        """Seconds since arrival to the first token, of completed requests."""
+        self._store_rows()
+        return self._ttft
+
+    @property
+    def e2el(self) -> np.ndarray:
+        """Seconds since arrival to the end, of completed requests."""
+        self._store_rows()
+        return self._e2el
+
+    @property
+    def queue(self) -> np.ndarray:
+        """Seconds since arrival to the first scheduling, of completed requests."""
+        self._store_rows()
+        return self._queue
+
+    @property
+    def num_input(self) -> np.ndarray:
+        """Prompt tokens of every request that produced a token (0 otherwise)."""
+        self._store_rows()
+        return self._num_input
+
+    @property
+    def num_output(self) -> np.ndarray:
+        """Output tokens of every request that produced a token (0 otherwise)."""
+        self._store_rows()
+        return self._num_output
+
+    @property
+    def token_at(self) -> np.ndarray:
+        """Each request's token times: `_times[token_at[k]: token_at[k] + num_tokens[k]]`."""
+        self._store_rows()
+        return self._token_at
+
+    @property
+    def num_tokens(self) -> np.ndarray:
+        self._store_rows()
+        return self._num_tokens
+
+    @property
+    def client(self) -> np.ndarray:
+        """Each request's client, as an index into `client_names` (`NO_GROUP`: none)."""
+        self._store_rows()
+        return self._client
+
+    @property
+    def slo_class(self) -> np.ndarray:
+        """Each request's SLO class, as an index into `slo_class_names` (`NO_GROUP`)."""
+        self._store_rows()
+        return self._slo_class
+
+    @property
+    def deadline_ms(self) -> np.ndarray:
+        """Each request's deadline (ms; NaN: none)."""
+        self._store_rows()
+        return self._deadline_ms
 
     def _all_times(self) -> np.ndarray:
         """The buffer of every filed token time (see `token_at`), the pending ones moved into

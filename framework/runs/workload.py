@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,7 @@ from schedlab.runs.sessions import build_sessions
 from schedlab.runs.traces import load_trace
 
 TYPES = ("synthetic", "shared_prefix", "trace", "sessions")
+_ARRIVAL = attrgetter("arrival_s")
 
 
 def build_workload(
@@ -125,8 +127,7 @@ def build_workload(
             r.priority = int(p)
     _apply_client_settings(reqs, clients)
     _apply_slo_classes(reqs, parse_slo_classes(spec.get("slo_classes")), rng)
-    order = sorted(range(len(reqs)), key=lambda i: (reqs[i].arrival_s, i))
-    return [reqs[i] for i in order]
+    return sorted(reqs, key=_ARRIVAL)  # NOTE: stable: ties keep their generation order
 
 
 def _generate(kind: str, spec: Mapping[str, Any], n: int, vocab_size: int,
@@ -142,7 +143,7 @@ def _generate(kind: str, spec: Mapping[str, Any], n: int, vocab_size: int,
         prompts = lazy_prompts(rng, inputs, vocab_size)
     else:
         prompts = _shared_prefix_prompts(spec, inputs, vocab_size, rng)
-    return [WorkloadRequest(p, int(o)) for p, o in zip(prompts, outputs, strict=True)]
+    return [WorkloadRequest(p, o) for p, o in zip(prompts, outputs.tolist(), strict=True)]
 
 
 # ---- tenants and SLO tiers -------------------------------------------------------------
