@@ -6,6 +6,8 @@ import json
 import os
 import random
 import sys
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -92,20 +94,27 @@ def execute(s: RunSettings) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     run = None
     try:
-        try:
-            with InterruptLatch() as latch:
-                run = run_workload(cluster, workload, temperature=s.temperature,
-                                   ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
-                                   progress=s.progress, save_detailed=s.save_detailed,
-                                   interrupt=latch)
-        except KeyboardInterrupt:  # partial results, then the one line
-            res = cluster.interrupt()
-            run = res.run
-            run.max_concurrency = s.max_concurrency
-            if s.cluster is not None:
-                extra["cluster"] = res.summary()
-            metrics = _write_interrupted(s, run, **extra)
-            raise
+        # NOTE: steps.csv's rows are written as the run hands them over (streaming: as it
+        # goes, each step record then forgotten), the file closed before anything reads it
+        with StepsCsv(s.output_dir / STEPS_FILE) as steps_out:
+            try:
+                with InterruptLatch() as latch:
+                    run = run_workload(cluster, workload, temperature=s.temperature,
+                                       ignore_eos=s.ignore_eos,
+                                       max_concurrency=s.max_concurrency,
+                                       progress=s.progress, save_detailed=s.save_detailed,
+                                       interrupt=latch, steps_out=steps_out)
+            except KeyboardInterrupt:  # partial results, then the one line
+                res = cluster.interrupt()
+                run = res.run
+                run.max_concurrency = s.max_concurrency
+                if s.save_detailed:
+                    steps_out(run.step_stats)
+                if s.cluster is not None:
+                    extra["cluster"] = res.summary()
+                steps_out.close()
+                metrics = _write_interrupted(s, run, **extra)
+                raise
         metrics = compute_metrics(run, percentiles=s.percentiles, slo=s.slo)
         if s.cluster is not None:
             metrics["cluster"] = cluster.result_with_summary(run).summary()
@@ -116,7 +125,7 @@ def execute(s: RunSettings) -> dict[str, Any]:
         if s.plots:
             from schedlab.runs.plots import write_plots
 
-            write_plots(s.output_dir, run, metrics)
+            write_plots(s.output_dir, run, metrics, steps=_kept_steps(s, run))
     except BaseException:
         _track(s, run, summary or metrics, failed=True)
         raise
@@ -150,20 +159,28 @@ def _write_interrupted(s: RunSettings, run, **extra: Any) -> dict[str, Any]:
 
 
 def _track(s: RunSettings, run, summary: dict[str, Any], failed: bool = False):
-    """Open the tracker, replay the per-step series and close it, after the run.
+    """Open the tracker, replay the per-step series and close it, after the run (a run that
+    failed before it ended leaves a steps.csv without rows).
 
     NOTE: W&B is opened only once the workload is done: its background service and a call
     per step would compete with the engine for the CPU and inflate the latencies measured.
     """
     from schedlab.runs.tracking import open_tracker
 
-    steps = run.step_stats if run is not None else []
-    write_steps_csv(s.output_dir / STEPS_FILE, steps)
+    if run is None:
+        write_steps_csv(s.output_dir / STEPS_FILE, [])
     tracker = open_tracker(s.tracking, s.output_dir, s.config)
-    for stats in steps:
-        tracker.log_step(stats)
+    if run is not None and s.tracking.backend != "none":
+        for stats in _kept_steps(s, run):
+            tracker.log_step(stats)
     tracker.finish(summary, failed=failed)
     return tracker
+
+
+def _kept_steps(s: RunSettings, run) -> Iterable[Any]:
+    """The run's steps: those it kept, or, streaming, steps.csv's rows read back."""
+    return run.step_stats if run.step_totals is None else read_steps_csv(
+        s.output_dir / STEPS_FILE)
 
 
 #: the per-step series in the run directory, whatever the logger (columns: `StepStats` fields)
@@ -176,33 +193,74 @@ _ROWS_PER_WRITE = 1 << 14
 _PLAIN = frozenset((float, int, bool))
 
 
-def write_steps_csv(path: Path, step_stats: list[Any]) -> Path:
-    """One row per engine step, one column per `StepStats` field. Returns the path.
+class StepsCsv:
+    """steps.csv, one row per engine step, one column per `StepStats` field, written a list
+    of steps at a time (`run_workload`'s `steps_out`) and closed at the end of a `with`.
 
     NOTE: each row is one %-format over its fields, as `csv.writer` writes numbers (`repr` of
     a float, `str` of an int, no quoting, rows ending in \\r\\n) at about 3/4 of its cost; a
     chunk holding any other value (a numpy float or None from a plugin's executor or clock)
-    is written by `csv.writer` itself, so the file is always what it writes."""
-    import csv
-    import dataclasses
-    from itertools import chain
+    is written by `csv.writer` itself, so the file is always what it writes, however the
+    steps come in lists."""
 
-    from schedlab.stats import StepStats
+    def __init__(self, path: Path) -> None:
+        import csv
+        import dataclasses
 
-    fields = dataclasses.fields(StepStats)
-    names = [f.name for f in fields]
-    row = ",".join("%r" if f.type in ("float", float) else "%s" for f in fields) + "\r\n"
-    get = attrgetter(*names)
-    with open(path, "w", newline="") as f:
-        f.write(",".join(names) + "\r\n")
-        slow = csv.writer(f)
-        for at in range(0, len(step_stats), _ROWS_PER_WRITE):
-            rows = list(map(get, step_stats[at:at + _ROWS_PER_WRITE]))
+        from schedlab.stats import StepStats
+
+        fields = dataclasses.fields(StepStats)
+        names = [f.name for f in fields]
+        self.path = path
+        self._row = ",".join("%r" if f.type in ("float", float) else "%s"
+                             for f in fields) + "\r\n"
+        self._get = attrgetter(*names)
+        self._file = open(path, "w", newline="")
+        self._file.write(",".join(names) + "\r\n")
+        self._slow = csv.writer(self._file)
+
+    def __call__(self, steps: Sequence[Any]) -> None:
+        """Write the rows of `steps`, in order."""
+        f, row, get = self._file, self._row, self._get
+        for at in range(0, len(steps), _ROWS_PER_WRITE):
+            rows = list(map(get, steps[at:at + _ROWS_PER_WRITE]))
             if set(map(type, chain.from_iterable(rows))) <= _PLAIN:
                 f.writelines([row % r for r in rows])
             else:
-                slow.writerows(rows)
+                self._slow.writerows(rows)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> StepsCsv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_steps_csv(path: Path, step_stats: Sequence[Any]) -> Path:
+    """steps.csv of `step_stats` (see `StepsCsv`). Returns the path."""
+    with StepsCsv(path) as out:
+        out(step_stats)
     return path
+
+
+def read_steps_csv(path: Path) -> Iterator[Any]:
+    """steps.csv's rows as `StepStats`, one at a time (the same numbers: `repr` of a float
+    reads back as that float; an empty cell, a None written, reads as None)."""
+    import csv
+    import dataclasses
+
+    from schedlab.stats import StepStats
+
+    kinds = [float if f.type in ("float", float) else int for f in dataclasses.fields(StepStats)]
+    with open(path, newline="") as f:
+        rows = csv.reader(f)
+        next(rows)
+        for r in rows:
+            yield StepStats(*[kind(v) if v else None
+                              for kind, v in zip(kinds, r, strict=True)])
 
 
 def seed_everything(seed: int) -> None:
