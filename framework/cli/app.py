@@ -6,9 +6,7 @@ import json
 import os
 import random
 import sys
-from collections.abc import Iterable, Iterator, Sequence
-from itertools import chain
-from operator import attrgetter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from schedlab.cli.settings import RunSettings, build_settings
+from schedlab.cli.steps_csv import StepsCsv, read_steps_csv, write_steps_csv
 from schedlab.config import ConfigError
 from schedlab.faults import PluginContractError, full_traceback
 from schedlab.registry import PluginError
@@ -93,32 +92,32 @@ def execute(s: RunSettings) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     run = None
+    # NOTE: steps.csv's rows go to its writer as the run hands them over (streaming: as it
+    # goes, each step record then forgotten); the file is finished before anything reads it
+    steps_out = StepsCsv(s.output_dir / STEPS_FILE)
     try:
-        # NOTE: steps.csv's rows are written as the run hands them over (streaming: as it
-        # goes, each step record then forgotten), the file closed before anything reads it
-        with StepsCsv(s.output_dir / STEPS_FILE) as steps_out:
-            try:
-                with InterruptLatch() as latch:
-                    run = run_workload(cluster, workload, temperature=s.temperature,
-                                       ignore_eos=s.ignore_eos,
-                                       max_concurrency=s.max_concurrency,
-                                       progress=s.progress, save_detailed=s.save_detailed,
-                                       interrupt=latch, steps_out=steps_out)
-            except KeyboardInterrupt:  # partial results, then the one line
-                res = cluster.interrupt()
-                run = res.run
-                run.max_concurrency = s.max_concurrency
-                if s.save_detailed:
-                    steps_out(run.step_stats)
-                if s.cluster is not None:
-                    extra["cluster"] = res.summary()
-                steps_out.close()
-                metrics = _write_interrupted(s, run, **extra)
-                raise
+        try:
+            with InterruptLatch() as latch:
+                run = run_workload(cluster, workload, temperature=s.temperature,
+                                   ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
+                                   progress=s.progress, save_detailed=s.save_detailed,
+                                   interrupt=latch, steps_out=steps_out)
+        except KeyboardInterrupt:  # partial results, then the one line
+            res = cluster.interrupt()  # NOTE: streaming: the steps left go to `steps_out`
+            run = res.run
+            run.max_concurrency = s.max_concurrency
+            if s.save_detailed:
+                steps_out(run.step_stats)
+            steps_out.close()
+            if s.cluster is not None:
+                extra["cluster"] = res.summary()
+            metrics = _write_interrupted(s, run, **extra)
+            raise
         metrics = compute_metrics(run, percentiles=s.percentiles, slo=s.slo)
         if s.cluster is not None:
             metrics["cluster"] = cluster.result_with_summary(run).summary()
         path = write_results(s.output_dir, metrics, s.config, collect_environment())
+        steps_out.close()
         # W&B's summary = results.json's scalars, read back (a tracker that records
         # nothing needs none: a long run's per-request arrays are the file's bulk)
         summary = json.loads(path.read_text()) if s.tracking.backend != "none" else metrics
@@ -127,6 +126,7 @@ def execute(s: RunSettings) -> dict[str, Any]:
 
             write_plots(s.output_dir, run, metrics, steps=_kept_steps(s, run))
     except BaseException:
+        steps_out.close(check=False)
         _track(s, run, summary or metrics, failed=True)
         raise
     _announce(s, metrics, path, _track(s, run, summary))
@@ -185,82 +185,6 @@ def _kept_steps(s: RunSettings, run) -> Iterable[Any]:
 
 #: the per-step series in the run directory, whatever the logger (columns: `StepStats` fields)
 STEPS_FILE = "steps.csv"
-
-
-#: steps.csv rows formatted before each write (a bound on the text held at once)
-_ROWS_PER_WRITE = 1 << 14
-#: the value types whose %-format is `csv.writer`'s text (`repr` of a float, `str` of an int)
-_PLAIN = frozenset((float, int, bool))
-
-
-class StepsCsv:
-    """steps.csv, one row per engine step, one column per `StepStats` field, written a list
-    of steps at a time (`run_workload`'s `steps_out`) and closed at the end of a `with`.
-
-    NOTE: each row is one %-format over its fields, as `csv.writer` writes numbers (`repr` of
-    a float, `str` of an int, no quoting, rows ending in \\r\\n) at about 3/4 of its cost; a
-    chunk holding any other value (a numpy float or None from a plugin's executor or clock)
-    is written by `csv.writer` itself, so the file is always what it writes, however the
-    steps come in lists."""
-
-    def __init__(self, path: Path) -> None:
-        import csv
-        import dataclasses
-
-        from schedlab.stats import StepStats
-
-        fields = dataclasses.fields(StepStats)
-        names = [f.name for f in fields]
-        self.path = path
-        self._row = ",".join("%r" if f.type in ("float", float) else "%s"
-                             for f in fields) + "\r\n"
-        self._get = attrgetter(*names)
-        self._file = open(path, "w", newline="")
-        self._file.write(",".join(names) + "\r\n")
-        self._slow = csv.writer(self._file)
-
-    def __call__(self, steps: Sequence[Any]) -> None:
-        """Write the rows of `steps`, in order."""
-        f, row, get = self._file, self._row, self._get
-        for at in range(0, len(steps), _ROWS_PER_WRITE):
-            rows = list(map(get, steps[at:at + _ROWS_PER_WRITE]))
-            if set(map(type, chain.from_iterable(rows))) <= _PLAIN:
-                f.writelines([row % r for r in rows])
-            else:
-                self._slow.writerows(rows)
-
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self) -> StepsCsv:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def write_steps_csv(path: Path, step_stats: Sequence[Any]) -> Path:
-    """steps.csv of `step_stats` (see `StepsCsv`). Returns the path."""
-    with StepsCsv(path) as out:
-        out(step_stats)
-    return path
-
-
-def read_steps_csv(path: Path) -> Iterator[Any]:
-    """steps.csv's rows as `StepStats`, one at a time (the same numbers: `repr` of a float
-    reads back as that float; an empty cell, a None written, reads as None)."""
-    import csv
-    import dataclasses
-
-    from schedlab.stats import StepStats
-
-    kinds = [float if f.type in ("float", float) else int for f in dataclasses.fields(StepStats)]
-    with open(path, newline="") as f:
-        rows = csv.reader(f)
-        next(rows)
-        for r in rows:
-            yield StepStats(*[kind(v) if v else None
-                              for kind, v in zip(kinds, r, strict=True)])
 
 
 def seed_everything(seed: int) -> None:
