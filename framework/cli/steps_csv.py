@@ -182,4 +182,5 @@ def read_steps_csv(path: Path) -> Iterator[StepStats]:
         rows = csv.reader(f)
         next(rows)
         for r in rows:
-            yield StepStats(*[kind(v) if v else None for kind, v in zip(kinds, r, strict=True)])
+            values: list[Any] = [kind(v) if v else None for kind, v in zip(kinds, r, strict=True)]
+            yield StepStats(*values)

@@ -109,6 +109,9 @@ class RunRecord:
                 per_instance.append(e.step_stats[self.first_step[n] if self.first_step
                                                  else 0:])
         totals = None
+        steps: list[StepStats]
+        cluster_used: list[int]
+        cluster_running: list[int]
         if self.steps is not None:  # streaming: the steps left, handed on
             self.steps.take(final=True)
             totals = self.steps.totals

@@ -185,5 +185,5 @@ def _in_ms(seconds: np.ndarray) -> np.ndarray:
     return seconds
 
 
-def _mean(values: Sequence[float]) -> float:
+def _mean(values: Sequence[float] | np.ndarray) -> float:
     return float(np.mean(values)) if len(values) else 0.0
