@@ -153,7 +153,10 @@ def _write_interrupted(s: RunSettings, run, **extra: Any) -> dict[str, Any]:
     metrics = compute_metrics(run, percentiles=s.percentiles, slo=s.slo)
     metrics.update(extra, interrupted=True)
     path = write_results(s.output_dir, metrics, s.config, collect_environment())
-    INTERRUPTED.append(f"{metrics.get('completed', 0)} of {len(run.requests)} submitted "
+    # NOTE: a streaming run keeps no requests: its stats count those that ended (all, once
+    # the interrupt aborted what was in flight)
+    submitted = len(run.requests) if run.stats is None else run.stats.num_ended()
+    INTERRUPTED.append(f"{metrics.get('completed', 0)} of {submitted} submitted "
                        f"requests completed; partial results: {path}")
     return metrics
 

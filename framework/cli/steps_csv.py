@@ -13,6 +13,7 @@ import csv
 import dataclasses
 import io
 import pickle
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -33,6 +34,7 @@ HEADER = ",".join(_NAMES) + "\r\n"
 #: one row's %-format (`%r` for a float field, `%s` for an int one)
 ROW = ",".join("%r" if f.type in ("float", float) else "%s" for f in _FIELDS) + "\r\n"
 _ROW_OF = attrgetter(*_NAMES)
+_MASKABLE = hasattr(signal, "pthread_sigmask")
 #: the pipe's buffer asked for (Linux), so that a chunk's pickle rarely waits for the child
 _PIPE_BYTES = 1 << 20
 
@@ -117,14 +119,24 @@ class StepsCsv:
                 data = pickle.dumps(rows, pickle.HIGHEST_PROTOCOL)
             except Exception:  # NOTE: a plugin's value that does not pickle: its text
                 data = pickle.dumps(format_rows(rows), pickle.HIGHEST_PROTOCOL)
-            stdin = self._proc.stdin
-            assert stdin is not None
-            try:
-                stdin.write(data)
-                stdin.flush()
-            except BrokenPipeError:
-                self.close()  # raises with the writer's error
-                raise RuntimeError(f"{self.path}: its writer process ended early") from None
+            self._send(data)
+
+    def _send(self, data: bytes) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        stdin = self._proc.stdin
+        # NOTE: a Ctrl-C waits for the end of the write (then raises as usual): half a
+        # pickle would leave the writer unable to read what follows
+        held = (signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                if _MASKABLE else None)
+        try:
+            stdin.write(data)
+            stdin.flush()
+        except BrokenPipeError:
+            self.close()  # raises with the writer's error
+            raise RuntimeError(f"{self.path}: its writer process ended early") from None
+        finally:
+            if held is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def close(self, check: bool = True) -> None:
         """Finish the file: wait for the writer process. `check`: raise if it failed.
