@@ -4,6 +4,8 @@ manager (neither changes state)."""
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -51,10 +53,95 @@ STEP_PHASES = ("schedule", "prepare", "forward", "device_wait", "sample", "updat
 def step_phase_metrics(steps: list[StepStats]) -> dict[str, float]:
     """Mean host milliseconds per step of each phase: `mean_<phase>_time_ms` for every
     `STEP_PHASES` entry (0.0 without steps)."""
-    n = len(steps)
-    # NOTE: one C-level getter per phase (a run has a record per step)
-    return {f"mean_{p}_time_ms": 1000.0 * sum(map(attrgetter(f"{p}_time"), steps)) / n
-            if n else 0.0 for p in STEP_PHASES}
+    return StepTotals.of(steps).phase_metrics()
+
+
+#: the integer fields whose run sums the engine metrics read
+_SUMMED = ("num_scheduled_seqs", "num_waiting", "num_scheduled_tokens", "kv_reserved_tokens",
+           "kv_used_tokens")
+_GET_SUMMED = tuple(attrgetter(f) for f in _SUMMED)
+_GET_PHASES = tuple(attrgetter(f"{p}_time") for p in STEP_PHASES)
+_STEP_TIME = attrgetter("step_time")
+_FRAMEWORK_TIME = attrgetter("framework_time")
+_KV_USED_BLOCKS = attrgetter("kv_used_blocks")
+_NUM_RUNNING = attrgetter("num_running")
+
+
+class StepTotals:
+    """What the engine metrics read of a run's steps, taken a chunk at a time in the run's
+    step order, so a streaming run need not keep its step records: the count, the integer
+    sums and peaks, the host phases' sums, and `step_time` and `framework_time` as float64
+    columns (8 bytes a step).
+
+    NOTE: the metrics equal those of the whole list bit for bit: an integer field's sum is
+    exact in any order, and its `np.mean` (a float64 sum of integers, exact below 2**53,
+    over the count) is that sum over the count; the phase sums are Python's `sum`, in order
+    (Python 3.11's is plain left-to-right addition); `np.mean` of a float needs every
+    value: those are kept.
+    """
+
+    def __init__(self) -> None:
+        self.num_steps = 0
+        #: `_SUMMED`'s sums, in its order
+        self.sums = [0] * len(_SUMMED)
+        #: the host phases' sums of seconds, in `STEP_PHASES` order
+        self.phase_sums = [0.0] * len(STEP_PHASES)
+        self.step_time = array("d")
+        self.framework_time = array("d")
+        #: KV blocks in use (a cluster's: over every instance) after each step: sum, peak
+        self.kv_used_blocks = 0
+        self.peak_kv_used_blocks = 0
+        #: requests running (a cluster's: over every instance) after each step: sum, peak
+        self.num_running = 0
+        self.max_num_running = 0
+
+    @classmethod
+    def of(cls, steps: Sequence[StepStats], kv_used_blocks: Sequence[int] = (),
+           num_running: Sequence[int] = ()) -> StepTotals:
+        """The totals of `steps` (see `add`)."""
+        t = cls()
+        t.add(steps, kv_used_blocks, num_running)
+        return t
+
+    def add(self, steps: Sequence[StepStats], kv_used_blocks: Sequence[int] = (),
+            num_running: Sequence[int] = ()) -> None:
+        """Count the next `steps` of the run. Changes state.
+
+        Args:
+            kv_used_blocks, num_running: the cluster's after each of `steps` (empty: each
+                step's own, one engine).
+        """
+        if not steps:
+            return
+        self.num_steps += len(steps)
+        sums = self.sums
+        for k, get in enumerate(_GET_SUMMED):
+            sums[k] += sum(map(get, steps))
+        phases = self.phase_sums
+        for k, get in enumerate(_GET_PHASES):
+            phases[k] = sum(map(get, steps), phases[k])
+        self.step_time.extend(map(_STEP_TIME, steps))
+        self.framework_time.extend(map(_FRAMEWORK_TIME, steps))
+        blocks = kv_used_blocks or list(map(_KV_USED_BLOCKS, steps))
+        running = num_running or list(map(_NUM_RUNNING, steps))
+        self.kv_used_blocks += sum(blocks)
+        self.peak_kv_used_blocks = max(self.peak_kv_used_blocks, max(blocks))
+        self.num_running += sum(running)
+        self.max_num_running = max(self.max_num_running, max(running))
+
+    def total(self, field: str) -> int:
+        """The run's sum of an integer field of `_SUMMED`."""
+        return self.sums[_SUMMED.index(field)]
+
+    def mean(self, field: str) -> float:
+        """The mean per step of an integer field of `_SUMMED` (0.0 without steps)."""
+        return self.total(field) / self.num_steps if self.num_steps else 0.0
+
+    def phase_metrics(self) -> dict[str, float]:
+        """`mean_<phase>_time_ms` for every `STEP_PHASES` entry (0.0 without steps)."""
+        n = self.num_steps
+        return {f"mean_{p}_time_ms": 1000.0 * s / n if n else 0.0
+                for p, s in zip(STEP_PHASES, self.phase_sums, strict=True)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ calls the command's `main` in this process, which runs the same Hydra code path.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -163,6 +164,57 @@ def test_multirun_grid_with_wandb(tmp_path, in_process, capsys):
         groups.add(run["group"])
     assert combos == {("static", "contiguous"), ("continuous", "contiguous")}
     assert len(groups) == 1 and groups != {""}, f"runs of one sweep must share a group: {groups}"
+
+
+def _history(run_dir: Path) -> list[dict]:
+    """The per-step series W&B logged, one dict per step (its host-time key and the
+    per-request table, logged at the end, left out)."""
+    rows = []
+    for rec in wandb_records(run_dir):
+        if rec.WhichOneof("record_type") == "history":
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                   for item in rec.history.item}
+            if "running" in row:
+                rows.append({k: v for k, v in row.items()
+                             if k not in ("framework_time_ms", "_timestamp", "_runtime")
+                             and not k.startswith("requests")})
+    return rows
+
+
+def test_a_streaming_run_writes_what_a_detailed_one_does(tmp_path, in_process, capsys):
+    """driver.save_detailed=false, which keeps no step record: the same steps.csv (every
+    simulated column), results.json (but the per-request lists), timeline plot and per-step
+    W&B series as the detailed run, on 1P+1D (two instances' steps interleaved)."""
+    host = {"framework_time", "schedule_time", "prepare_time", "forward_time",
+            "device_wait_time", "sample_time", "update_time"}
+    runs = {}
+    for detailed in (True, False):
+        d = tmp_path / ("detailed" if detailed else "streaming")
+        rc, _, err = cli(["run", "executor=sim", "model=llama3_8b", "hardware=h100",
+                          "cluster=disaggregated", "workload.num_requests=24",
+                          "workload.arrival.rate=30", "logger=wandb", "plots=true",
+                          f"driver.save_detailed={str(detailed).lower()}",
+                          "driver.progress=false", "print_table=false",
+                          f"hydra.run.dir={d}"], capsys)
+        assert rc == 0, err
+        with open(d / "steps.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        results = json.loads((d / "results.json").read_text())
+        runs[detailed] = ([{k: v for k, v in r.items() if k not in host} for r in rows],
+                          {k: v for k, v in results.items()
+                           if k not in ("date", "output_dir", "environment", "config")
+                           and not (k.startswith("mean_") and k.endswith("_time_ms")
+                                    and k != "mean_step_time_ms")},
+                          (d / "plots" / "timeline.png").read_bytes(), _history(d))
+    (steps, results, png, history), (s_steps, s_results, s_png, s_history) = (
+        runs[True], runs[False])
+    assert len(steps) > 50 and s_steps == steps
+    assert set(results) - set(s_results) == {"input_lens", "output_lens", "ttfts", "tpots",
+                                             "e2els", "itls", "errors"}
+    assert s_results == {k: v for k, v in results.items() if k in s_results}
+    assert s_png == png
+    # NOTE: W&B keeps a step number's first row (the two engines number their steps apart)
+    assert len(history) > 50 and s_history == history
 
 
 def test_third_party_plugin_package(tmp_path, cache):

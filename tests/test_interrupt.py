@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 SCHEDLAB = [sys.executable, "-c", "import sys; from schedlab.cli import main; sys.exit(main())"]
 
 
@@ -21,14 +23,19 @@ def _as_from_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_mid_run_keeps_partial_results_and_exits_130(tmp_path, llama_dir):
+@pytest.mark.parametrize("detailed", [True, False])
+def test_ctrl_c_mid_run_keeps_partial_results_and_exits_130(tmp_path, llama_dir, detailed):
+    """Ctrl-C: exit 130, one line counting the requests submitted, results.json marked
+    interrupted and a steps.csv row for every step it counts (streaming too, whose rows were
+    written as it went and whose requests are not kept)."""
     out = tmp_path / "run"
     env = dict(os.environ, WANDB_MODE="offline", HYDRA_FULL_ERROR="")
     proc = subprocess.Popen(
         [*SCHEDLAB, "run", "model=path", f"model.path={llama_dir}", f"paths.output_dir={out}",
          "logger=wandb", "plots=false", "workload.num_requests=400",
          "workload.arrival.process=poisson", "workload.arrival.rate=20",
-         "workload.output_len.max=16", "driver.progress=true"],
+         "workload.output_len.max=16", "driver.progress=true",
+         f"driver.save_detailed={str(detailed).lower()}"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         preexec_fn=_as_from_a_terminal)
     err = bytearray()
@@ -54,6 +61,10 @@ def test_ctrl_c_mid_run_keeps_partial_results_and_exits_130(tmp_path, llama_dir)
     saved = json.loads((out / "results.json").read_text())
     assert saved["interrupted"] is True
     assert 0 < saved["completed"] < 400
+    submitted = int(re.search(r"of (\d+) submitted", lines[0]).group(1))
+    assert saved["completed"] <= submitted <= 400
+    with open(out / "steps.csv") as f:
+        assert sum(1 for _ in f) - 1 == saved["num_steps"] > 0
     runs = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
     assert runs and runs[0].stat().st_size > 0
 

@@ -231,7 +231,7 @@ def test_steps_csv_reads_as_the_csv_module_writes_it(tmp_path, monkeypatch):
     import dataclasses
     from operator import attrgetter
 
-    from schedlab.cli import app
+    from schedlab.cli import steps_csv
 
     steps = [_step(i, i % 5, reserved=16 * i, used=12 * i, blocks=i % 9) for i in range(1, 40)]
     for i, s in enumerate(steps):
@@ -244,10 +244,10 @@ def test_steps_csv_reads_as_the_csv_module_writes_it(tmp_path, monkeypatch):
         w = csv.writer(f)
         w.writerow(names)
         w.writerows(map(attrgetter(*names), steps))
-    monkeypatch.setattr(app, "_ROWS_PER_WRITE", 8)  # several writes
-    out = app.write_steps_csv(tmp_path / "steps.csv", steps)
+    monkeypatch.setattr(steps_csv, "ROWS_PER_WRITE", 8)  # several writes
+    out = steps_csv.write_steps_csv(tmp_path / "steps.csv", steps)
     assert out.read_bytes() == (tmp_path / "ref.csv").read_bytes()
-    app.write_steps_csv(tmp_path / "empty.csv", [])
+    steps_csv.write_steps_csv(tmp_path / "empty.csv", [])
     assert (tmp_path / "empty.csv").read_text().splitlines() == [",".join(names)]
 
 

@@ -6,7 +6,7 @@ import json
 import os
 import random
 import sys
-from operator import attrgetter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from schedlab.cli.settings import RunSettings, build_settings
+from schedlab.cli.steps_csv import StepsCsv, read_steps_csv, write_steps_csv
 from schedlab.config import ConfigError
 from schedlab.faults import PluginContractError, full_traceback
 from schedlab.registry import PluginError
@@ -91,17 +92,23 @@ def execute(s: RunSettings) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     run = None
+    # NOTE: steps.csv's rows go to its writer as the run hands them over (streaming: as it
+    # goes, each step record then forgotten); the file is finished before anything reads it
+    steps_out = StepsCsv(s.output_dir / STEPS_FILE)
     try:
         try:
             with InterruptLatch() as latch:
                 run = run_workload(cluster, workload, temperature=s.temperature,
                                    ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
                                    progress=s.progress, save_detailed=s.save_detailed,
-                                   interrupt=latch)
+                                   interrupt=latch, steps_out=steps_out)
         except KeyboardInterrupt:  # partial results, then the one line
-            res = cluster.interrupt()
+            res = cluster.interrupt()  # NOTE: streaming: the steps left go to `steps_out`
             run = res.run
             run.max_concurrency = s.max_concurrency
+            if s.save_detailed:
+                steps_out(run.step_stats)
+            steps_out.close()
             if s.cluster is not None:
                 extra["cluster"] = res.summary()
             metrics = _write_interrupted(s, run, **extra)
@@ -110,14 +117,16 @@ def execute(s: RunSettings) -> dict[str, Any]:
         if s.cluster is not None:
             metrics["cluster"] = cluster.result_with_summary(run).summary()
         path = write_results(s.output_dir, metrics, s.config, collect_environment())
+        steps_out.close()
         # W&B's summary = results.json's scalars, read back (a tracker that records
         # nothing needs none: a long run's per-request arrays are the file's bulk)
         summary = json.loads(path.read_text()) if s.tracking.backend != "none" else metrics
         if s.plots:
             from schedlab.runs.plots import write_plots
 
-            write_plots(s.output_dir, run, metrics)
+            write_plots(s.output_dir, run, metrics, steps=_kept_steps(s, run))
     except BaseException:
+        steps_out.close(check=False)
         _track(s, run, summary or metrics, failed=True)
         raise
     _announce(s, metrics, path, _track(s, run, summary))
@@ -144,65 +153,41 @@ def _write_interrupted(s: RunSettings, run, **extra: Any) -> dict[str, Any]:
     metrics = compute_metrics(run, percentiles=s.percentiles, slo=s.slo)
     metrics.update(extra, interrupted=True)
     path = write_results(s.output_dir, metrics, s.config, collect_environment())
-    INTERRUPTED.append(f"{metrics.get('completed', 0)} of {len(run.requests)} submitted "
+    # NOTE: a streaming run keeps no requests: its stats count those that ended (all, once
+    # the interrupt aborted what was in flight)
+    submitted = len(run.requests) if run.stats is None else run.stats.num_ended()
+    INTERRUPTED.append(f"{metrics.get('completed', 0)} of {submitted} submitted "
                        f"requests completed; partial results: {path}")
     return metrics
 
 
 def _track(s: RunSettings, run, summary: dict[str, Any], failed: bool = False):
-    """Open the tracker, replay the per-step series and close it, after the run.
+    """Open the tracker, replay the per-step series and close it, after the run (a run that
+    failed before it ended leaves a steps.csv without rows).
 
     NOTE: W&B is opened only once the workload is done: its background service and a call
     per step would compete with the engine for the CPU and inflate the latencies measured.
     """
     from schedlab.runs.tracking import open_tracker
 
-    steps = run.step_stats if run is not None else []
-    write_steps_csv(s.output_dir / STEPS_FILE, steps)
+    if run is None:
+        write_steps_csv(s.output_dir / STEPS_FILE, [])
     tracker = open_tracker(s.tracking, s.output_dir, s.config)
-    for stats in steps:
-        tracker.log_step(stats)
+    if run is not None and s.tracking.backend != "none":
+        for stats in _kept_steps(s, run):
+            tracker.log_step(stats)
     tracker.finish(summary, failed=failed)
     return tracker
 
 
+def _kept_steps(s: RunSettings, run) -> Iterable[Any]:
+    """The run's steps: those it kept, or, streaming, steps.csv's rows read back."""
+    return run.step_stats if run.step_totals is None else read_steps_csv(
+        s.output_dir / STEPS_FILE)
+
+
 #: the per-step series in the run directory, whatever the logger (columns: `StepStats` fields)
 STEPS_FILE = "steps.csv"
-
-
-#: steps.csv rows formatted before each write (a bound on the text held at once)
-_ROWS_PER_WRITE = 1 << 14
-#: the value types whose %-format is `csv.writer`'s text (`repr` of a float, `str` of an int)
-_PLAIN = frozenset((float, int, bool))
-
-
-def write_steps_csv(path: Path, step_stats: list[Any]) -> Path:
-    """One row per engine step, one column per `StepStats` field. Returns the path.
-
-    NOTE: each row is one %-format over its fields, as `csv.writer` writes numbers (`repr` of
-    a float, `str` of an int, no quoting, rows ending in \\r\\n) at about 3/4 of its cost; a
-    chunk holding any other value (a numpy float or None from a plugin's executor or clock)
-    is written by `csv.writer` itself, so the file is always what it writes."""
-    import csv
-    import dataclasses
-    from itertools import chain
-
-    from schedlab.stats import StepStats
-
-    fields = dataclasses.fields(StepStats)
-    names = [f.name for f in fields]
-    row = ",".join("%r" if f.type in ("float", float) else "%s" for f in fields) + "\r\n"
-    get = attrgetter(*names)
-    with open(path, "w", newline="") as f:
-        f.write(",".join(names) + "\r\n")
-        slow = csv.writer(f)
-        for at in range(0, len(step_stats), _ROWS_PER_WRITE):
-            rows = list(map(get, step_stats[at:at + _ROWS_PER_WRITE]))
-            if set(map(type, chain.from_iterable(rows))) <= _PLAIN:
-                f.writelines([row % r for r in rows])
-            else:
-                slow.writerows(rows)
-    return path
 
 
 def seed_everything(seed: int) -> None:

@@ -13,7 +13,7 @@ from schedlab import registry
 from schedlab.clock import InstanceClock, VirtualClock
 from schedlab.cluster.config import ClusterConfig
 from schedlab.cluster.instance import Instance, Role
-from schedlab.cluster.record import ClusterRunResult, RunRecord
+from schedlab.cluster.record import ClusterRunResult, RunRecord, StepsOut
 from schedlab.cluster.router import InstanceLoad, Router
 from schedlab.cluster.transfer import KVTransfer
 from schedlab.config import EngineConfig
@@ -140,6 +140,12 @@ class Cluster:
         self._record = RunRecord.begin(self.instances, stream)
         return self._record.start
 
+    def stream_steps(self, out: StepsOut) -> None:
+        """Streaming: hand this run's step records to `out` as they are taken, a list at a
+        time in the run's step order (`RunRecord.result`'s). Changes state."""
+        assert self._record.steps is not None, "stream_steps() is for a streaming run"
+        self._record.steps.out = out
+
     def retire(self, k: int, inst: Instance, req: Request) -> None:
         """Streaming: workload request `k` ended for good on `inst`; keep its stats, and
         nothing of it here or in the engine. Changes state."""
@@ -196,6 +202,9 @@ class Cluster:
     def step(self, inst: Instance, check: bool = False) -> bool:
         """Step one instance. Returns whether it ran a step. Changes state."""
         inst.step()
+        steps = self._record.steps
+        if steps is not None:  # streaming: the records taken as the run goes
+            steps.stepped()
         if check:
             self.check_integrity()
         plan = inst.engine.last_plan
@@ -294,8 +303,10 @@ class Cluster:
                      "decode_instances": self.config.decode_instances,
                      "link_bandwidth_bytes_per_s": self.config.bandwidth_bytes_per_s,
                      "link_latency_s": float(self.config.link_latency)}
-        return ClusterRunResult(run, [i.summary() for i in self.instances], self.router_name,
-                                self.config.disaggregated, extra)
+        record = self._record
+        return ClusterRunResult(run, [i.summary(record.kv_peak(i.index))
+                                      for i in self.instances],
+                                self.router_name, self.config.disaggregated, extra)
 
     def check_integrity(self) -> None:
         """Raise AssertionError if an instance, a router or the transfers in flight disagree

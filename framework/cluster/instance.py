@@ -255,9 +255,11 @@ class Instance:
         self.transfer_bytes_out += transfer.num_bytes
         self._transfer_time_sum += transfer.ready_time - transfer.start_time
 
-    def summary(self) -> InstanceSummary:
+    def summary(self, peak_kv_used_blocks: int | None = None) -> InstanceSummary:
+        """`peak_kv_used_blocks`: a streaming run's, which took the engine's step records."""
         c = self.engine.counters()
-        peak = max((s.kv_used_blocks for s in self.engine.step_stats), default=0)
+        peak = (max((s.kv_used_blocks for s in self.engine.step_stats), default=0)
+                if peak_kv_used_blocks is None else peak_kv_used_blocks)
         return InstanceSummary(
             index=self.index,
             role=self.role.value,

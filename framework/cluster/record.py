@@ -3,18 +3,29 @@ make (one `RunResult` over every instance, plus each instance's share)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from schedlab.cluster.instance import Instance, InstanceSummary
 from schedlab.request import Request
 from schedlab.runs.request_stats import RequestStats
 from schedlab.runs.run_result import RunResult
-from schedlab.stats import EngineCounters, StepStats
+from schedlab.stats import EngineCounters, StepStats, StepTotals
 
 _TIME = itemgetter(0)
+_STEP_TIME = attrgetter("time")
+_KV_USED_BLOCKS = attrgetter("kv_used_blocks")
+
+#: a streaming run takes the step records from its engines every this many steps (cluster
+#: wide); it holds about as many at once, plus those an idle instance holds back (see
+#: `StepStream`)
+DRAIN_STEPS = 4096
+
+#: what a streaming run hands its step records to, a list at a time in the run's step order
+StepsOut = Callable[[list[StepStats]], object]
 
 
 @dataclass(slots=True)
@@ -49,15 +60,26 @@ class RunRecord:
     routed: dict[int, Request] = field(default_factory=dict)
     #: streaming: what is kept of each retired request (None: `routed` keeps them all)
     stats: RequestStats | None = None
+    #: streaming: the steps, taken from the engines as the run goes (None: the engines
+    #: keep them)
+    steps: StepStream | None = None
 
     @classmethod
     def begin(cls, instances: Sequence[Instance], stream: int | None = None) -> RunRecord:
         """A run starting now; `stream`: the workload's size, for a streaming run."""
         start = max(i.now() for i in instances)
+        first_step = [len(i.engine.step_stats) for i in instances]
         return cls(start=start,
                    counters=[i.engine.counters() for i in instances],
-                   first_step=[len(i.engine.step_stats) for i in instances],
-                   stats=None if stream is None else RequestStats(stream, start))
+                   first_step=first_step,
+                   stats=None if stream is None else RequestStats(stream, start),
+                   steps=None if stream is None else StepStream(instances, first_step))
+
+    def kv_peak(self, n: int) -> int | None:
+        """Instance `n`'s peak of KV blocks in use over the step records its engine held,
+        for a streaming run (which took them); None: the engine holds them. No state
+        change."""
+        return None if self.steps is None else self.steps.peaks[n]
 
     def retire(self, k: int) -> None:
         """Streaming: file routed request `k`, ended, and forget it. Changes state."""
@@ -83,12 +105,23 @@ class RunRecord:
             e = inst.engine
             c0 = self.counters[n] if self.counters else None
             counters.append((c0, e.counters()))
-            first = self.first_step[n] if self.first_step else 0
-            per_instance.append(e.step_stats[first:])
-        # NOTE: one instance: its steps as they are (in time order: an engine's clock only
-        # moves forward, by each step's non-negative time), and no cluster-wide series
-        steps, cluster_used, cluster_running = (_merged(per_instance) if several
-                                                else (per_instance[0], [], []))
+            if self.steps is None:
+                per_instance.append(e.step_stats[self.first_step[n] if self.first_step
+                                                 else 0:])
+        totals = None
+        steps: list[StepStats]
+        cluster_used: list[int]
+        cluster_running: list[int]
+        if self.steps is not None:  # streaming: the steps left, handed on
+            self.steps.take(final=True)
+            totals = self.steps.totals
+            steps, cluster_used, cluster_running = [], [], []
+        elif several:
+            steps, cluster_used, cluster_running = _merged(per_instance)
+        else:
+            # NOTE: one instance: its steps as they are (in time order: an engine's clock
+            # only moves forward, by each step's non-negative time), no cluster-wide series
+            steps, cluster_used, cluster_running = per_instance[0], [], []
 
         def delta(name: str) -> int:
             return sum(getattr(c1, name) - (getattr(c0, name) if c0 else 0)
@@ -110,22 +143,118 @@ class RunRecord:
             kv_used_blocks=cluster_used,
             num_running=cluster_running,
             stats=self.stats,
+            step_totals=totals,
         )
 
 
 def _merged(per_instance: list[list[StepStats]]) -> tuple[list[StepStats], list[int], list[int]]:
     """Every instance's steps in time order (ties: the lower instance first, each instance's
     in its order), and the cluster's KV blocks in use and running requests after each."""
-    tagged = [(s.time, n, s) for n, steps in enumerate(per_instance) for s in steps]
-    tagged.sort(key=_TIME)  # stable: one instance's steps keep their order
-    used = [0] * len(per_instance)
-    running = [0] * len(per_instance)
-    cluster_used, cluster_running = [], []
-    total_used = total_running = 0  # NOTE: sums over instances, kept as one changes
-    for _, n, s in tagged:
-        total_used += s.kv_used_blocks - used[n]
-        total_running += s.num_running - running[n]
-        used[n], running[n] = s.kv_used_blocks, s.num_running
-        cluster_used.append(total_used)
-        cluster_running.append(total_running)
-    return [s for _, _, s in tagged], cluster_used, cluster_running
+    return _Series(len(per_instance)).merged(per_instance)
+
+
+class _Series:
+    """The cluster's KV blocks in use and running requests after each step, over steps
+    merged a batch at a time."""
+
+    def __init__(self, num_instances: int) -> None:
+        self.used = [0] * num_instances
+        self.running = [0] * num_instances
+        self.total_used = self.total_running = 0  # NOTE: sums over instances, kept as one changes
+
+    def merged(self, per_instance: Sequence[Sequence[StepStats]]
+               ) -> tuple[list[StepStats], list[int], list[int]]:
+        """The steps of `per_instance` in time order (ties: the lower instance first, each
+        instance's in its order), and the cluster's series after each. Changes state."""
+        tagged = [(s.time, n, s) for n, steps in enumerate(per_instance) for s in steps]
+        tagged.sort(key=_TIME)  # stable: one instance's steps keep their order
+        used, running = self.used, self.running
+        total_used, total_running = self.total_used, self.total_running
+        cluster_used, cluster_running = [], []
+        for _, n, s in tagged:
+            total_used += s.kv_used_blocks - used[n]
+            total_running += s.num_running - running[n]
+            used[n], running[n] = s.kv_used_blocks, s.num_running
+            cluster_used.append(total_used)
+            cluster_running.append(total_running)
+        self.total_used, self.total_running = total_used, total_running
+        return [s for _, _, s in tagged], cluster_used, cluster_running
+
+
+class StepStream:
+    """A streaming run's steps, taken from the engines as the run goes
+    (`Engine.drain_step_stats`, every `DRAIN_STEPS` steps and at the end): counted into
+    `totals`, each instance's KV peak noted, handed to `out` (`schedlab run`: steps.csv's
+    rows) in the run's step order, then forgotten.
+
+    NOTE: the order is the one `_merged` gives the whole run: by time, ties by the lower
+    instance, each instance's in its order. An instance's later steps end at or after its
+    clock (an engine's clock only moves forward), so a record taken at (time t, instance n)
+    is handed on once (t, n) < (clock, index) of every instance; an idle instance's clock
+    holds the others' records back until work reaches it or the run ends.
+
+    Args:
+        instances: the cluster's.
+        skip: the records each engine held before the run (in its KV peak, not handed on).
+    """
+
+    def __init__(self, instances: Sequence[Instance], skip: Sequence[int]) -> None:
+        self.instances = instances
+        self.out: StepsOut | None = None
+        self.totals = StepTotals()
+        self.peaks = [0] * len(instances)
+        self._skip = list(skip)
+        self._held: list[list[StepStats]] = [[] for _ in instances]
+        self._series = _Series(len(instances)) if len(instances) > 1 else None
+        self._steps = 0  # since the last take
+
+    def stepped(self) -> None:
+        """An instance ran a step: take the records every `DRAIN_STEPS`. Changes state."""
+        self._steps += 1
+        if self._steps >= DRAIN_STEPS:
+            self.take()
+
+    def held(self) -> int:
+        """Step records taken and not yet handed on. No state change."""
+        return sum(map(len, self._held))
+
+    def take(self, final: bool = False) -> None:
+        """Take every engine's records, hand on those no instance can still precede (`final`:
+        all). Changes state."""
+        self._steps = 0
+        held, peaks, skip = self._held, self.peaks, self._skip
+        for n, inst in enumerate(self.instances):
+            got = inst.engine.drain_step_stats()
+            if not got:
+                continue
+            peaks[n] = max(peaks[n], max(map(_KV_USED_BLOCKS, got)))
+            if skip[n]:
+                del got[:skip[n]]
+                skip[n] = 0
+            if held[n]:
+                held[n].extend(got)
+            else:
+                held[n] = got
+        if self._series is None:
+            ready, held[0] = held[0], []
+            self._hand(ready, [], [])
+            return
+        if final:
+            ready_per = held
+            self._held = [[] for _ in held]
+        else:
+            bound, j = min((inst.now(), n) for n, inst in enumerate(self.instances))
+            ready_per = []
+            for n, steps in enumerate(held):
+                # (t, n) < (bound, j): t <= bound below instance j, t < bound from it on
+                cut = (bisect_right if n < j else bisect_left)(steps, bound, key=_STEP_TIME)
+                ready_per.append(steps[:cut])
+                del steps[:cut]
+        self._hand(*self._series.merged(ready_per))
+
+    def _hand(self, steps: list[StepStats], used: list[int], running: list[int]) -> None:
+        if not steps:
+            return
+        self.totals.add(steps, used, running)
+        if self.out is not None:
+            self.out(steps)

@@ -15,6 +15,7 @@ from schedlab.runs.run_result import RunResult
 
 if TYPE_CHECKING:
     from schedlab.cluster.cluster import Cluster
+    from schedlab.cluster.record import StepsOut
     from schedlab.engine import Engine
     from schedlab.runs.interrupt import InterruptLatch
 
@@ -32,6 +33,7 @@ def run_workload(
     check: bool = False,
     save_detailed: bool = True,
     interrupt: InterruptLatch | None = None,
+    steps_out: StepsOut | None = None,
 ) -> RunResult:
     """Release the workload at its arrival times and step the instances until every request
     has ended.
@@ -57,6 +59,11 @@ def run_workload(
             and fairness figures included; no per-request lists in the metrics).
         interrupt: a Ctrl-C watched by the caller (`schedlab run`), raised again at the next
             event should its KeyboardInterrupt have been swallowed.
+        steps_out: called with the run's step records, a list at a time in the run's step
+            order (by time, ties by the lower instance), all of them once the run returns
+            (`schedlab run` writes steps.csv's rows). Streaming, it gets them as the run goes
+            and they are not kept: `RunResult.step_totals` has what the engine metrics read
+            (a cluster's `interrupt()` hands on the rest).
 
     Returns:
         The run: every request finished or rejected, in workload order, with its timestamps
@@ -80,13 +87,18 @@ def run_workload(
     loop = RunLoop(cluster, list(workload), params, request_ids, max_concurrency, check,
                    stream=not save_detailed)
     loop.interrupt = interrupt
+    if steps_out is not None and not save_detailed:
+        cluster.stream_steps(steps_out)
     bar = progress_bar(len(workload), progress)
     try:
         with fewer_collections():
             loop.run(bar)
     finally:
         bar.close()
-    return cluster.result(max_concurrency)
+    run = cluster.result(max_concurrency)
+    if steps_out is not None and save_detailed:
+        steps_out(run.step_stats)
+    return run
 
 
 #: objects allocated (net) between two young-generation collections while a run loop runs

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,7 +28,7 @@ import numpy as np
 from schedlab.runs.groups import group_metrics, per_second, percentile_keys
 from schedlab.runs.request_stats import REJECTED, RequestStats
 from schedlab.runs.run_result import RunResult
-from schedlab.stats import step_phase_metrics
+from schedlab.stats import StepTotals
 
 if TYPE_CHECKING:
     from schedlab.runs.driver import RunResult
@@ -135,20 +134,17 @@ def compute_metrics(
 
 
 def engine_metrics(run: RunResult) -> dict[str, Any]:
-    """Engine-side metrics from the per-step series (none of them in vLLM's benchmark)."""
-    steps = run.step_stats
-    n = len(steps)
-
-    def column(name: str) -> list[Any]:
-        return list(map(attrgetter(name), steps))
-
-    reserved = sum(map(attrgetter("kv_reserved_tokens"), steps))
-    used = sum(map(attrgetter("kv_used_tokens"), steps))
-    # NOTE: a cluster's KV use is every instance's used blocks at each step over the whole
-    # cluster's pool (one instance's peak over the cluster's pool would shrink with N)
-    kv_blocks = run.kv_used_blocks or column("kv_used_blocks")
-    running = run.num_running or column("num_running")
-    peak_blocks = max(kv_blocks, default=0)
+    """Engine-side metrics from the per-step series (none of them in vLLM's benchmark): a
+    streaming run's `step_totals`, or the totals of its `step_stats`."""
+    t = run.step_totals
+    if t is None:
+        # NOTE: a cluster's KV use is every instance's used blocks at each step over the
+        # whole cluster's pool (one instance's peak over the cluster's pool would shrink
+        # with N)
+        t = StepTotals.of(run.step_stats, run.kv_used_blocks, run.num_running)
+    n = t.num_steps
+    reserved, used = t.total("kv_reserved_tokens"), t.total("kv_used_tokens")
+    peak_blocks = t.peak_kv_used_blocks
     return {
         "num_steps": n,
         "num_preemptions": run.num_preemptions,
@@ -157,19 +153,20 @@ def engine_metrics(run: RunResult) -> dict[str, Any]:
         "num_kv_blocks": run.num_kv_blocks,
         "peak_kv_used_blocks": peak_blocks,
         "peak_kv_usage_pct": 100.0 * peak_blocks / run.num_kv_blocks if run.num_kv_blocks else 0.0,
-        "mean_kv_usage_pct": (100.0 * float(np.mean(kv_blocks)) / run.num_kv_blocks
-                              if kv_blocks and run.num_kv_blocks else 0.0),
+        # NOTE: `np.mean` of integers is their exact sum over the count (see `StepTotals`)
+        "mean_kv_usage_pct": (100.0 * (t.kv_used_blocks / n) / run.num_kv_blocks
+                              if n and run.num_kv_blocks else 0.0),
         "mean_kv_reserved_tokens": reserved / n if n else 0.0,
         "mean_kv_used_tokens": used / n if n else 0.0,
         "kv_waste_pct": 100.0 * (1.0 - used / reserved) if reserved else 0.0,
-        "mean_batch_size": _mean(column("num_scheduled_seqs")),
-        "mean_num_running": _mean(running),
-        "max_num_running": max(running, default=0),
-        "mean_num_waiting": _mean(column("num_waiting")),
-        "mean_tokens_per_step": _mean(column("num_scheduled_tokens")),
-        "mean_step_time_ms": 1000.0 * _mean(column("step_time")),
-        "mean_framework_time_ms": 1000.0 * _mean(column("framework_time")),
-        **step_phase_metrics(steps),
+        "mean_batch_size": t.mean("num_scheduled_seqs"),
+        "mean_num_running": t.num_running / n if n else 0.0,
+        "max_num_running": t.max_num_running,
+        "mean_num_waiting": t.mean("num_waiting"),
+        "mean_tokens_per_step": t.mean("num_scheduled_tokens"),
+        "mean_step_time_ms": 1000.0 * _mean(np.frombuffer(t.step_time)),
+        "mean_framework_time_ms": 1000.0 * _mean(np.frombuffer(t.framework_time)),
+        **t.phase_metrics(),
     }
 
 
@@ -188,5 +185,5 @@ def _in_ms(seconds: np.ndarray) -> np.ndarray:
     return seconds
 
 
-def _mean(values: Sequence[float]) -> float:
+def _mean(values: Sequence[float] | np.ndarray) -> float:
     return float(np.mean(values)) if len(values) else 0.0

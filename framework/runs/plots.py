@@ -7,13 +7,15 @@ switched and nothing needs a display.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from schedlab.runs.run_result import RunResult
+from schedlab.stats import StepStats
 
 PLOTS_DIR = "plots"
 
@@ -29,7 +31,8 @@ def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.0,
     return fig, [ax for row in axes for ax in row]
 
 
-def write_plots(run_dir: Path, run: RunResult, metrics: dict) -> list[Path]:
+def write_plots(run_dir: Path, run: RunResult, metrics: dict,
+                steps: Iterable[StepStats] | None = None) -> list[Path]:
     """Write `run_dir/plots/latency_cdf.png` (a run with per-request lists), `timeline.png`
     and, for a run whose requests carry client ids, `clients.png`.
 
@@ -39,13 +42,15 @@ def write_plots(run_dir: Path, run: RunResult, metrics: dict) -> list[Path]:
             stats the per-client CDFs).
         metrics: `compute_metrics(run)` (its per-request lists feed the CDFs, its
             `service_timeline` the per-client service).
+        steps: the run's steps, read once, when it did not keep them (streaming:
+            steps.csv read back); None: `run.step_stats`.
 
     Returns:
         The PNG paths written.
     """
     out = Path(run_dir) / PLOTS_DIR
     out.mkdir(parents=True, exist_ok=True)
-    paths = [_timeline(out / "timeline.png", run)]
+    paths = [_timeline(out / "timeline.png", run, run.step_stats if steps is None else steps)]
     if "ttfts" in metrics:  # NOTE: a streaming run (`driver.save_detailed=false`) has no lists
         paths.insert(0, _latency_cdfs(out / "latency_cdf.png", metrics))
     if metrics.get("per_client"):
@@ -89,19 +94,31 @@ def _cdf(ax, values: Sequence[float], name: str, label: str | None = None,
     ax.set_ylim(0, 1.02)
 
 
-def _timeline(path: Path, run: RunResult) -> Path:
+#: the `StepStats` fields the timeline draws
+TIMELINE_FIELDS = ("time", "kv_reserved_tokens", "kv_used_tokens", "num_running",
+                   "num_scheduled_seqs", "num_waiting", "num_preempted")
+
+
+def _timeline(path: Path, run: RunResult, steps: Iterable[StepStats]) -> Path:
     """KV slots (reserved, holding tokens; the pool's share on the right axis), the batch
     (running and scheduled requests) and the queue (waiting requests, preemptions), each on
     its own scale."""
     from matplotlib.ticker import MaxNLocator
 
-    steps = run.step_stats
-    t = np.asarray([s.time - run.start_time for s in steps], dtype=float)
+    # NOTE: the columns drawn, read in one pass (no record kept)
+    cols: list[list[Any]] = [[] for _ in TIMELINE_FIELDS]
+    adds = [c.append for c in cols]
+    get = attrgetter(*TIMELINE_FIELDS)
+    for s in steps:
+        for add, v in zip(adds, get(s), strict=True):
+            add(v)
+    times, reserved_c, used_c, running, scheduled, waiting, preempted = cols
+    t = np.asarray(times, dtype=float) - run.start_time if times else np.asarray([], float)
     fig, (kv_ax, batch_ax, queue_ax) = new_figure(3, 1, size=(4.2, 3.2))
-    if steps:
+    if times:
         pool = run.num_kv_blocks * max(run.block_size, 1)
-        reserved = np.asarray([s.kv_reserved_tokens for s in steps], dtype=float)
-        used = np.asarray([s.kv_used_tokens for s in steps], dtype=float)
+        reserved = np.asarray(reserved_c, dtype=float)
+        used = np.asarray(used_c, dtype=float)
         kv_ax.fill_between(t, reserved, step="post", alpha=0.3, color="C0",
                            label="reserved slots")
         kv_ax.step(t, used, where="post", color="C1", lw=1.2, label="slots holding tokens")
@@ -112,19 +129,18 @@ def _timeline(path: Path, run: RunResult) -> Path:
             share.set_ylabel("% of the KV pool")
             kv_ax.set_title(f"KV cache (pool: {pool:,} slots, peak "
                             f"{100.0 * max(reserved.max(), used.max()) / pool:.1f}%)")
-        running = [s.num_running for s in steps]
         batch_ax.step(t, running, where="post", color="C2", lw=2.5, alpha=0.5,
                       label="running")
-        batch_ax.step(t, [s.num_scheduled_seqs for s in steps], where="post", color="k",
+        batch_ax.step(t, scheduled, where="post", color="k",
                       lw=0.9, ls="--", label="scheduled this step")
-        queue_ax.step(t, [s.num_waiting for s in steps], where="post", color="C3",
+        queue_ax.step(t, waiting, where="post", color="C3",
                       label="waiting")
-        pre = [i for i, s in enumerate(steps) if s.num_preempted]
+        pre = [i for i, p in enumerate(preempted) if p]
         if pre:
-            queue_ax.plot(t[pre], [steps[i].num_waiting for i in pre], "kx", ms=5,
+            queue_ax.plot(t[pre], [waiting[i] for i in pre], "kx", ms=5,
                           label=f"preemption ({len(pre)} steps)")
         batch_ax.set_ylim(0, max(max(running), 1) * 1.4)  # room for the legend
-        queue_ax.set_ylim(0, max(max(s.num_waiting for s in steps), 1) * 1.25)
+        queue_ax.set_ylim(0, max(max(waiting), 1) * 1.25)
         kv_ax.set_ylim(0, top * 1.15)
         for ax in (kv_ax, batch_ax, queue_ax):
             ax.legend(fontsize=7, loc="upper right")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from schedlab.request import Request
 from schedlab.runs.request_stats import RequestStats
-from schedlab.stats import StepStats
+from schedlab.stats import StepStats, StepTotals
 
 
 @dataclass(slots=True)
@@ -36,6 +36,9 @@ class RunResult:
             step's own `num_running` (one engine).
         stats: a streaming run's (`save_detailed=False`): what was kept of each request as it
             ended, `requests` then empty; None: `requests` holds them all.
+        step_totals: a streaming run's: what the engine metrics read of its steps, counted
+            as they were taken from the engines (`step_stats`, `kv_used_blocks` and
+            `num_running` then empty); None: `step_stats` holds them all.
     """
 
     requests: list[Request]
@@ -52,3 +55,4 @@ class RunResult:
     kv_used_blocks: list[int] = field(default_factory=list)
     num_running: list[int] = field(default_factory=list)
     stats: RequestStats | None = None
+    step_totals: StepTotals | None = None
