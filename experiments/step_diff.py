@@ -172,8 +172,18 @@ def configs() -> list[tuple[str, str, str, str, str, bool]]:
 
 
 def main() -> None:
-    if sys.argv[1] == "--compare":
-        a, b = (json.load(open(p)) for p in sys.argv[2:4])
+    args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
+    # NOTE: an option taken for the output path would write the digests to a file named so
+    if not (len(args) == 1 and not args[0].startswith("-")
+            or len(args) == 3 and args[0] == "--compare"):
+        print(f"step_diff.py: expected OUT.json or --compare A.json B.json, got {args}",
+              file=sys.stderr)
+        sys.exit(2)
+    if args[0] == "--compare":
+        a, b = (json.load(open(p)) for p in args[1:3])
         bad = [k for k in a if a[k] != b.get(k)]
         print(f"{len(a)} configurations, {len(bad)} differ")
         for k in bad[:20]:
@@ -186,7 +196,7 @@ def main() -> None:
         num_preempted += sum(s["num_preempted"] for s in doc.get("stats", []))
         digests["/".join(map(str, c))] = hashlib.sha256(
             json.dumps(doc, sort_keys=True).encode()).hexdigest()
-    json.dump(digests, open(sys.argv[1], "w"), indent=0)
+    json.dump(digests, open(args[0], "w"), indent=0)
     print(f"{len(digests)} configurations, {num_preempted} preemptions in all")
 
 
