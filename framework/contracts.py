@@ -43,12 +43,12 @@ def check_plan(plan: object, scheduler: str, limits: SchedulerConfig, kv: KVCach
     # NOTE: the hot path: one fused test per request, the message only on a violation; the
     # totals count the rare cases (no int is built per decode) and derive the rest
     num_other = num_other_tokens = num_unsampled = swap_in = first = 0
-    requests: set[object] = set()  # a Request hashes by identity
-    add = requests.add
     run = plan.decode_run
+    # NOTE: a Request hashes by identity; a decode run's set is built in one C call
+    requests: set[object] = set() if run is None else set(run.requests)
+    add = requests.add
     if run is not None:  # NOTE: one token each, no swap-in: only the per-request rules
         for req, start, table in zip(run.requests, run.starts, run.tables, strict=True):
-            add(req)
             num_prompt = len(req.prompt_token_ids)
             if (num_prompt + len(req.output_token_ids) - start != 1
                     or start != req.num_computed_tokens or req.status is not running

@@ -114,6 +114,32 @@ def test_add_decodes_of_a_token_that_is_not_the_last_is_refused_with_a_sentence(
         eng.step()
 
 
+class DecodeTwice(Scheduler):
+    """Runs the prompt whole, then lists its one decode twice in the decode run."""
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        if self.waiting:
+            req = self.next_waiting()
+            self.admit(req, req.num_tokens)
+            out.add(self.plan_request(req, req.num_tokens))
+        elif self.running:
+            req = self.running[0]
+            self.kv.allocate_next_tokens([req])
+            table = self.kv.allocator.block_table(req)
+            out.add_decodes([req, req], [req.num_computed_tokens] * 2, [table, table])
+        return out
+
+
+def test_a_request_twice_in_a_decode_run_is_refused_with_a_sentence():
+    eng = fake_engine(scheduler=DecodeTwice)
+    eng.add_request(list(range(2, 12)), SamplingParams(max_tokens=3), request_id="r0")
+    eng.step()
+    with pytest.raises(PluginContractError, match=r"planned step 2 with request 'r0' twice; a "
+                       r"request runs at most once per step"):
+        eng.step()
+
+
 def test_an_executor_that_returns_too_few_tokens_is_told_how_many():
     eng = fake_engine()
     for _ in range(2):

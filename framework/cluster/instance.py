@@ -84,6 +84,9 @@ class Instance:
         self._counted = not engine.has_unfinished()
         #: the load as of the last change made through this instance (None: changed since)
         self._load: InstanceLoad | None = None
+        #: the engine's clock as last stepped, and it if an InstanceClock (paused between steps)
+        self._clock: object = None
+        self._timed: InstanceClock | None = None
 
     # ---- queries (no state change) -------------------------------------------------------
     def now(self) -> float:
@@ -168,7 +171,10 @@ class Instance:
         if self.pending:
             self.admit_pending()
         clock = self.engine.clock
-        timed = clock if isinstance(clock, InstanceClock) else None
+        if clock is not self._clock:  # NOTE: an ABC's isinstance is Python code: once a clock
+            self._clock = clock
+            self._timed = clock if isinstance(clock, InstanceClock) else None
+        timed = self._timed
         if timed is not None:
             timed.resume()
         t0 = clock.now()
