@@ -148,6 +148,21 @@ class SchedulerOutput:
         else:
             self.rest.extend(map(ScheduledRequest, requests, repeat(1), starts, tables))
 
+    def columns(self) -> tuple[list[Request], list[int], list[int], list[list[int]]]:
+        """Each entry's request, start, `num_new_tokens` and block table, as four lists in
+        entry order, without building a decode run's entries (an executor that packs a batch
+        reads these). New lists; the plan is not changed."""
+        rest = self.rest
+        reqs = [s.request for s in rest]
+        starts = [s.start for s in rest]
+        num_new = [s.num_new_tokens for s in rest]
+        tables = [s.block_ids for s in rest]
+        run = self.decode_run
+        if run is None:
+            return reqs, starts, num_new, tables
+        return (run.requests + reqs, run.starts + starts, [1] * len(run.requests) + num_new,
+                run.tables + tables)
+
     @property
     def num_scheduled(self) -> int:
         """How many requests run: `len(scheduled)`, without building entries."""

@@ -162,3 +162,20 @@ def test_entries_built_from_a_decode_run_are_the_plan_as_entries():
     assert plan.decode_run is None and plan.rest is entries
     table = eng.kv.allocator.block_table
     assert entries == [ScheduledRequest(r, 1, 6, table(r)) for r in reqs]
+
+
+def test_a_plans_columns_are_its_entries_read_across():
+    eng = fake_engine()
+    reqs = [eng.add_request(list(range(2, 8)), SamplingParams(max_tokens=4, ignore_eos=True))
+            for _ in range(3)]
+    eng.step()
+    plan = eng.scheduler.schedule()
+    late = eng.add_request(list(range(2, 12)), SamplingParams(max_tokens=2))
+    plan.add(ScheduledRequest(late, 10, 0, [90]))  # a prefill after the decode run
+    cols = plan.columns()
+    assert plan.decode_run is not None  # read without building the run's entries
+    entries = plan.scheduled
+    assert cols == ([s.request for s in entries], [s.start for s in entries],
+                    [s.num_new_tokens for s in entries], [s.block_ids for s in entries])
+    assert cols[0] == [*reqs, late] and cols[2] == [1, 1, 1, 10]
+    assert plan.columns() == cols  # the same from the entries

@@ -240,7 +240,7 @@ class EngineLoop:
                 # NOTE: first blamed on the requests new to this step (the others stepped
                 # fine before); if it fails again without them, on the rest of the step
                 plan = engine.last_plan
-                planned = {sr.request.request_id for sr in plan.scheduled} if plan else set()
+                planned = {r.request_id for r in plan.requests()} if plan else set()
                 hit = [a for rid, a in self._active.items()
                        if rid in planned and rid not in self._stepped_ok] or [
                     a for rid, a in self._active.items() if rid in planned]
@@ -250,7 +250,7 @@ class EngineLoop:
                            "the engine failed during a step; see the server log")
                 continue
             plan = engine.last_plan
-            self._stepped_ok = {sr.request.request_id for sr in plan.scheduled} if plan else set()
+            self._stepped_ok = {r.request_id for r in plan.requests()} if plan else set()
             self._dispatch()
             engine.drain_step_stats()  # NOTE: counters carry what the server reports
             self.counters = engine.counters()

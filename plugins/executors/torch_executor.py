@@ -136,7 +136,7 @@ class TorchExecutor(Executor):
         t0 = time.perf_counter()
         if plan.swap_out or plan.swap_in:
             self._swap(plan)
-        input_ids, positions, meta, logits_idx, order = self.prepare(plan)
+        input_ids, positions, meta, logits_idx, order, reqs, samples = self._prepare(plan)
         t1 = time.perf_counter()
         runner = self.graph_runner
         if runner is not None and runner.fits(meta):
@@ -153,12 +153,12 @@ class TorchExecutor(Executor):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             t3 = time.perf_counter()
-        samplers = [plan.scheduled[i] for i in order if plan.scheduled[i].samples]
-        tokens = sample(logits, [s.request for s in samplers], self.generator)
-        sampled: list[int | None] = [None] * len(plan.scheduled)
+        tokens = sample(logits, [reqs[i] for i, s in zip(order, samples, strict=True) if s],
+                        self.generator)
+        sampled: list[int | None] = [None] * len(reqs)
         it = iter(tokens)
-        for i in order:
-            if plan.scheduled[i].samples:
+        for i, s in zip(order, samples, strict=True):
+            if s:
                 sampled[i] = next(it)
         t4 = time.perf_counter()  # `sample` hands back Python ints: the device is done
         return ExecutorOutput(sampled, t4 - t0,
@@ -187,18 +187,21 @@ class TorchExecutor(Executor):
             )
 
     def prepare(self, plan: SchedulerOutput):
-        """Pack a plan into model inputs and attention metadata.
+        """Pack a plan into model inputs and attention metadata: (input ids, positions,
+        metadata, logits rows, batch order).
 
         Decodes come first, longest context first (so a backend that pads a group of decodes
         to its longest pads little), then the prefill chunks in plan order. Index arithmetic
         runs once per step in numpy over the whole batch; each tensor is made once.
         """
-        sched = plan.scheduled
-        num_seqs = len(sched)
-        starts_l = [s.start for s in sched]
-        q_lens_l = [s.num_new_tokens for s in sched]
-        tables = [s.block_ids for s in sched]
-        reqs = [s.request for s in sched]
+        return self._prepare(plan)[:5]
+
+    def _prepare(self, plan: SchedulerOutput):
+        """`prepare`, and the plan's requests and, in batch order, whether each samples.
+
+        NOTE: the plan's columns, not its entries: a decode run is read as its lists."""
+        reqs, starts_l, q_lens_l, tables = plan.columns()
+        num_seqs = len(reqs)
         num_tokens = np.fromiter(
             (len(r.prompt_token_ids) + len(r.output_token_ids) for r in reqs), np.int64, num_seqs)
         starts = np.array(starts_l, dtype=np.int64)
@@ -213,13 +216,12 @@ class TorchExecutor(Executor):
         samples = (starts + q_lens_np) == num_tokens[order_np]
         tokens: list[int] = []
         for i in order:
-            s = sched[i]
-            r, start = s.request, s.start
-            if s.num_new_tokens == 1:
+            r, start, q = reqs[i], starts_l[i], q_lens_l[i]
+            if q == 1:
                 o = start - len(r.prompt_token_ids)
                 tokens.append(r.output_token_ids[o] if o >= 0 else r.prompt_token_ids[start])
             else:
-                tokens.extend(r.token_slice(start, start + s.num_new_tokens))
+                tokens.extend(r.token_slice(start, start + q))
         q_lens: list[int] = q_lens_np.tolist()
         bt = _padded_block_tables(tables)[order_np]
         bs = self._backend().block_size
@@ -255,7 +257,7 @@ class TorchExecutor(Executor):
         )
         input_ids = put(np.asarray(tokens, dtype=np.int64))[None]
         positions = put(np.ascontiguousarray(pos))[None]
-        return input_ids, positions, meta, put(logits_idx), order
+        return input_ids, positions, meta, put(logits_idx), order, reqs, samples.tolist()
 
 
 def _padded_block_tables(tables: list[list[int]]) -> np.ndarray:

@@ -32,12 +32,13 @@ class BenchExecutor(FakeExecutor):
     keep_plans = False
 
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
+        # NOTE: the plan's columns, as the torch executor reads them (a decode run's lists,
+        # no entries built)
         sampled: list[int | None] = []
         add = sampled.append
-        for s in plan.scheduled:
-            r = s.request
+        for r, start, q, _ in zip(*plan.columns(), strict=True):
             n = len(r.prompt_token_ids) + len(r.output_token_ids)
-            add(2 + (n * 7919) % 997 if s.start + s.num_new_tokens == n else None)
+            add(2 + (n * 7919) % 997 if start + q == n else None)
         self.num_steps += 1
         self.clock.advance(1e-3)  # type: ignore[attr-defined]
         return ExecutorOutput(sampled, 1e-3)

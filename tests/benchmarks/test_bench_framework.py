@@ -9,7 +9,7 @@ import pytest
 from conftest import load_or_skip, running_engine, scheduler_names
 
 from schedlab.kv_manager import KVCacheManager
-from schedlab.plan import ScheduledRequest, SchedulerOutput
+from schedlab.plan import SchedulerOutput
 from schedlab.request import Request, SamplingParams
 
 pytestmark = pytest.mark.benchmark
@@ -25,11 +25,11 @@ def test_schedule_update_round(benchmark, scheduler, num_seqs):
 
     def round_():
         plan = sched.schedule()
-        sched.update_from_output(plan, [5] * len(plan.scheduled), 0.0)
+        sched.update_from_output(plan, [5] * plan.num_scheduled, 0.0)
         return plan
 
     plan = benchmark.pedantic(round_, rounds=40, iterations=1, warmup_rounds=3)
-    assert len(plan.scheduled) == num_seqs
+    assert plan.num_scheduled == num_seqs
     sched.check_integrity()
 
 
@@ -133,9 +133,11 @@ def test_kv_manager_match_1k(benchmark, prefix_cache):
 
 
 def decode_plan(num_seqs: int, block_size: int = 16, seed: int = 0) -> SchedulerOutput:
-    """A decode step of `num_seqs` requests with contexts of 16..512 tokens."""
+    """A decode step of `num_seqs` requests with contexts of 16..512 tokens, as a decode run
+    (what the built-in schedulers hand the executor)."""
     rng = random.Random(seed)
     plan = SchedulerOutput()
+    reqs, starts, tables = [], [], []
     next_block = 0
     for i in range(num_seqs):
         n_prompt, n_out = rng.randint(16, 448), rng.randint(1, 64)
@@ -146,7 +148,10 @@ def decode_plan(num_seqs: int, block_size: int = 16, seed: int = 0) -> Scheduler
         nblocks = -(-n // block_size)
         blocks = list(range(next_block, next_block + nblocks))
         next_block += nblocks
-        plan.scheduled.append(ScheduledRequest(req, 1, n - 1, blocks))
+        reqs.append(req)
+        starts.append(n - 1)
+        tables.append(blocks)
+    plan.add_decodes(reqs, starts, tables)
     return plan
 
 
