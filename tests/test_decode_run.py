@@ -150,12 +150,17 @@ def test_an_executor_that_returns_too_few_tokens_is_told_how_many():
         eng.scheduler.update_from_output(plan, [5], 0.0)
 
 
-def test_entries_built_from_a_decode_run_are_the_plan_as_entries():
+def _three_decoding() -> tuple[Engine, list, SchedulerOutput]:
+    """A model-free engine with three requests past their prompt, and its next plan."""
     eng = fake_engine()
     reqs = [eng.add_request(list(range(2, 8)), SamplingParams(max_tokens=4, ignore_eos=True))
             for _ in range(3)]
     eng.step()
-    plan = eng.scheduler.schedule()
+    return eng, reqs, eng.scheduler.schedule()
+
+
+def test_entries_built_from_a_decode_run_are_the_plan_as_entries():
+    eng, reqs, plan = _three_decoding()
     assert plan.decode_run is not None and plan.rest == []
     assert plan.num_scheduled == 3 and plan.requests() == reqs
     entries = plan.scheduled
@@ -165,11 +170,7 @@ def test_entries_built_from_a_decode_run_are_the_plan_as_entries():
 
 
 def test_a_plans_columns_are_its_entries_read_across():
-    eng = fake_engine()
-    reqs = [eng.add_request(list(range(2, 8)), SamplingParams(max_tokens=4, ignore_eos=True))
-            for _ in range(3)]
-    eng.step()
-    plan = eng.scheduler.schedule()
+    eng, reqs, plan = _three_decoding()
     late = eng.add_request(list(range(2, 12)), SamplingParams(max_tokens=2))
     plan.add(ScheduledRequest(late, 10, 0, [90]))  # a prefill after the decode run
     cols = plan.columns()
