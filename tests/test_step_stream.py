@@ -103,6 +103,27 @@ def test_a_streaming_run_keeps_no_step_records(layout, monkeypatch):
     assert most[0] <= 4 * 8, most[0]
 
 
+def test_a_second_run_on_a_cluster_reports_the_same_instance_peaks_in_both_modes():
+    """An instance's summary covers its engine's life (its `num_steps` does): a streaming run
+    took the first run's step records, and the second run's peak KV still counts them."""
+
+    def work(lo, hi, seed):
+        return build_workload({"type": "synthetic", "num_requests": 20,
+                               "input_len": {"dist": "uniform", "min": lo, "max": hi},
+                               "output_len": 8, "arrival": {"process": "poisson", "rate": 50.0}},
+                              128256, seed=seed)
+
+    summaries = []
+    for detailed in (True, False):
+        cluster = _target({"num_instances": 2})
+        run_workload(cluster, work(1500, 2000, 1), save_detailed=detailed)  # big prompts
+        run = run_workload(cluster, work(10, 20, 2), save_detailed=detailed)  # small ones
+        summaries.append(cluster.result_with_summary(run).summary()["instances"])
+    detailed, streaming = summaries
+    assert streaming == detailed
+    assert min(i["peak_kv_used_blocks"] for i in streaming) > 50  # the big prompts' blocks
+
+
 def test_an_idle_instance_holds_back_only_what_it_could_precede():
     """A record goes out once no instance can still write an earlier one: an instance idle at
     clock 5 holds back the busy one's steps after 5, not those before; the end hands on
@@ -111,6 +132,7 @@ def test_an_idle_instance_holds_back_only_what_it_could_precede():
     class Inst:
         def __init__(self, t):
             self.t, self.engine = t, self
+            self.drained_kv_peak = 0
 
         def now(self):
             return self.t
@@ -136,7 +158,7 @@ def test_an_idle_instance_holds_back_only_what_it_could_precede():
     assert [(s.time, s.step) for s in got] == [(1.0, 1), (2.0, 1), (5.0, 2), (5.0, 2),
                                                 (9.0, 3)]
     assert got[2] is not got[3] and got[3].kv_used_blocks == 7
-    assert stream.peaks == [1, 7] and stream.totals.num_steps == 5
+    assert [a.drained_kv_peak, b.drained_kv_peak] == [1, 7] and stream.totals.num_steps == 5
     assert stream.totals.max_num_running == 2  # both running at 5.0
 
 

@@ -303,9 +303,7 @@ class Cluster:
                      "decode_instances": self.config.decode_instances,
                      "link_bandwidth_bytes_per_s": self.config.bandwidth_bytes_per_s,
                      "link_latency_s": float(self.config.link_latency)}
-        record = self._record
-        return ClusterRunResult(run, [i.summary(record.kv_peak(i.index))
-                                      for i in self.instances],
+        return ClusterRunResult(run, [i.summary() for i in self.instances],
                                 self.router_name, self.config.disaggregated, extra)
 
     def check_integrity(self) -> None:

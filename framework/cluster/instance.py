@@ -84,6 +84,9 @@ class Instance:
         self._counted = not engine.has_unfinished()
         #: the load as of the last change made through this instance (None: changed since)
         self._load: InstanceLoad | None = None
+        #: the most KV blocks in use over the step records streaming runs took from the
+        #: engine (gone from `engine.step_stats`; `summary` counts them with those kept)
+        self.drained_kv_peak = 0
         #: the engine's clock as last stepped, and it if an InstanceClock (paused between steps)
         self._clock: object = None
         self._timed: InstanceClock | None = None
@@ -261,11 +264,11 @@ class Instance:
         self.transfer_bytes_out += transfer.num_bytes
         self._transfer_time_sum += transfer.ready_time - transfer.start_time
 
-    def summary(self, peak_kv_used_blocks: int | None = None) -> InstanceSummary:
-        """`peak_kv_used_blocks`: a streaming run's, which took the engine's step records."""
+    def summary(self) -> InstanceSummary:
+        """The instance over its engine's life (every run on it). No state change."""
         c = self.engine.counters()
-        peak = (max((s.kv_used_blocks for s in self.engine.step_stats), default=0)
-                if peak_kv_used_blocks is None else peak_kv_used_blocks)
+        peak = max(self.drained_kv_peak,
+                   max((s.kv_used_blocks for s in self.engine.step_stats), default=0))
         return InstanceSummary(
             index=self.index,
             role=self.role.value,

@@ -75,12 +75,6 @@ class RunRecord:
                    stats=None if stream is None else RequestStats(stream, start),
                    steps=None if stream is None else StepStream(instances, first_step))
 
-    def kv_peak(self, n: int) -> int | None:
-        """Instance `n`'s peak of KV blocks in use over the step records its engine held,
-        for a streaming run (which took them); None: the engine holds them. No state
-        change."""
-        return None if self.steps is None else self.steps.peaks[n]
-
     def retire(self, k: int) -> None:
         """Streaming: file routed request `k`, ended, and forget it. Changes state."""
         assert self.stats is not None, "retire() is for a streaming run"
@@ -184,8 +178,8 @@ class _Series:
 class StepStream:
     """A streaming run's steps, taken from the engines as the run goes
     (`Engine.drain_step_stats`, every `DRAIN_STEPS` steps and at the end): counted into
-    `totals`, each instance's KV peak noted, handed to `out` (`schedlab run`: steps.csv's
-    rows) in the run's step order, then forgotten.
+    `totals`, each instance's KV peak noted (`Instance.drained_kv_peak`), handed to `out`
+    (`schedlab run`: steps.csv's rows) in the run's step order, then forgotten.
 
     NOTE: the order is the one `_merged` gives the whole run: by time, ties by the lower
     instance, each instance's in its order. An instance's later steps end at or after its
@@ -202,7 +196,6 @@ class StepStream:
         self.instances = instances
         self.out: StepsOut | None = None
         self.totals = StepTotals()
-        self.peaks = [0] * len(instances)
         self._skip = list(skip)
         self._held: list[list[StepStats]] = [[] for _ in instances]
         self._series = _Series(len(instances)) if len(instances) > 1 else None
@@ -222,12 +215,12 @@ class StepStream:
         """Take every engine's records, hand on those no instance can still precede (`final`:
         all). Changes state."""
         self._steps = 0
-        held, peaks, skip = self._held, self.peaks, self._skip
+        held, skip = self._held, self._skip
         for n, inst in enumerate(self.instances):
             got = inst.engine.drain_step_stats()
             if not got:
                 continue
-            peaks[n] = max(peaks[n], max(map(_KV_USED_BLOCKS, got)))
+            inst.drained_kv_peak = max(inst.drained_kv_peak, max(map(_KV_USED_BLOCKS, got)))
             if skip[n]:
                 del got[:skip[n]]
                 skip[n] = 0
