@@ -132,6 +132,12 @@ class SchedulerOutput:
         self._exposed = True
         self.rest = entries
 
+    def __copy__(self) -> SchedulerOutput:
+        """A plan sharing this one's lists, as a dataclass's shallow copy shares them: the
+        decode run is built into entries first (two plans holding one run and one entry list
+        would each build it into that list)."""
+        return SchedulerOutput(self.scheduled, self.preempted, self.swap_out, self.totals)
+
     def add(self, entry: ScheduledRequest) -> None:
         """Append one entry (what `scheduled.append` does, without building a decode run's
         entries). Changes state."""

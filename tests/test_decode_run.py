@@ -4,6 +4,8 @@ changes `scheduled` sees the entries as before."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from fakes import fake_engine
 
@@ -180,3 +182,12 @@ def test_a_plans_columns_are_its_entries_read_across():
                     [s.num_new_tokens for s in entries], [s.block_ids for s in entries])
     assert cols[0] == [*reqs, late] and cols[2] == [1, 1, 1, 10]
     assert plan.columns() == cols  # the same from the entries
+
+
+def test_a_copied_plan_shares_its_entries_and_builds_them_once():
+    _, reqs, plan = _three_decoding()
+    twin = copy.copy(plan)
+    assert len(twin.scheduled) == len(plan.scheduled) == 3
+    assert twin.scheduled is plan.scheduled and [s.request for s in twin.scheduled] == reqs
+    deep = copy.deepcopy(_three_decoding()[2])
+    assert deep.num_scheduled == len(deep.scheduled) == 3
