@@ -98,3 +98,44 @@ def test_a_ctrl_c_whose_exception_was_swallowed_still_stops_the_run():
     finally:
         signal.signal(signal.SIGINT, outer)
     assert eng.counters().num_steps == 0
+
+
+#: a run whose Ctrl-C comes while steps.csv's rows are being handed over, in chunks of 10
+#: rows (and, streaming, records taken every 50 steps): right after the third chunk
+_MID_HANDOFF = """
+import os, signal, sys
+import schedlab.cli.steps_csv as steps_csv
+import schedlab.cluster.record as record
+steps_csv.ROWS_PER_WRITE, record.DRAIN_STEPS = 10, 50
+send, sent = steps_csv.StepsCsv._send, []
+def kill_third(self, *args):
+    send(self, *args)
+    sent.append(args)
+    if len(sent) == 3:
+        os.kill(os.getpid(), signal.SIGINT)
+steps_csv.StepsCsv._send = kill_third
+from schedlab.cli import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("detailed", [True, False])
+def test_a_ctrl_c_mid_handoff_leaves_each_step_once_in_steps_csv(tmp_path, detailed):
+    """A Ctrl-C between two chunks of the rows handed to steps.csv: each step counted in
+    results.json is one row, none twice (a detailed run's rest is handed on from where the
+    hand-off stopped) and none lost (a streaming run's records taken from the engines are
+    handed on before the Ctrl-C is raised)."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-c", _MID_HANDOFF, "run", "executor=sim", "model=llama3_8b",
+         "hardware=h100", "logger=none", "plots=false", "print_table=false",
+         "driver.progress=false", "workload.num_requests=20", f"paths.output_dir={out}",
+         f"driver.save_detailed={str(detailed).lower()}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        preexec_fn=_as_from_a_terminal)
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["interrupted"] is True
+    with open(out / "steps.csv") as f:
+        steps = [line.split(",")[0] for line in f][1:]
+    assert len(steps) == len(set(steps)) == saved["num_steps"] > 30

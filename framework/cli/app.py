@@ -106,8 +106,8 @@ def execute(s: RunSettings) -> dict[str, Any]:
             res = cluster.interrupt()  # NOTE: streaming: the steps left go to `steps_out`
             run = res.run
             run.max_concurrency = s.max_concurrency
-            if s.save_detailed:
-                steps_out(run.step_stats)
+            if s.save_detailed:  # NOTE: what the run's own hand-off had not taken yet
+                steps_out(run.step_stats[steps_out.num_rows:])
             steps_out.close()
             if s.cluster is not None:
                 extra["cluster"] = res.summary()

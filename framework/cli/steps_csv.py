@@ -13,7 +13,6 @@ import csv
 import dataclasses
 import io
 import pickle
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -22,6 +21,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+from schedlab.runs.interrupt import sigint_deferred
 from schedlab.stats import StepStats
 
 #: steps.csv rows formatted (or sent to the writer process) at a time
@@ -34,7 +34,6 @@ HEADER = ",".join(_NAMES) + "\r\n"
 #: one row's %-format (`%r` for a float field, `%s` for an int one)
 ROW = ",".join("%r" if f.type in ("float", float) else "%s" for f in _FIELDS) + "\r\n"
 _ROW_OF = attrgetter(*_NAMES)
-_MASKABLE = hasattr(signal, "pthread_sigmask")
 #: the pipe's buffer asked for (Linux), so that a chunk's pickle rarely waits for the child
 _PIPE_BYTES = 1 << 20
 
@@ -88,6 +87,8 @@ class StepsCsv:
 
     def __init__(self, path: Path, child: bool = True) -> None:
         self.path = Path(path)
+        #: the rows taken so far (written, or sent to the writer process)
+        self.num_rows = 0
         self._file: io.TextIOBase | None = open(self.path, "w", newline="")
         self._file.write(HEADER)
         self._proc: subprocess.Popen | None = None
@@ -104,7 +105,8 @@ class StepsCsv:
                 _widen(self._proc)
 
     def __call__(self, steps: Sequence[StepStats]) -> None:
-        """Write the rows of `steps`, after those given before.
+        """Write the rows of `steps`, after those given before (`num_rows` counts the rows
+        taken; a Ctrl-C stops a call between two chunks of rows, not within one).
 
         Raises:
             RuntimeError: the writer process failed (its error in the message).
@@ -113,30 +115,30 @@ class StepsCsv:
             rows = list(map(_ROW_OF, steps[at:at + ROWS_PER_WRITE]))
             if self._proc is None:
                 assert self._file is not None, f"{self.path} was closed"
-                self._file.write(format_rows(rows))
+                text = format_rows(rows)
+                with sigint_deferred():
+                    self._file.write(text)
+                    self.num_rows += len(rows)
                 continue
             try:
                 data = pickle.dumps(rows, pickle.HIGHEST_PROTOCOL)
             except Exception:  # NOTE: a plugin's value that does not pickle: its text
                 data = pickle.dumps(format_rows(rows), pickle.HIGHEST_PROTOCOL)
-            self._send(data)
+            self._send(data, len(rows))
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, num_rows: int) -> None:
         assert self._proc is not None and self._proc.stdin is not None
         stdin = self._proc.stdin
         # NOTE: a Ctrl-C waits for the end of the write (then raises as usual): half a
         # pickle would leave the writer unable to read what follows
-        held = (signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-                if _MASKABLE else None)
-        try:
-            stdin.write(data)
-            stdin.flush()
-        except BrokenPipeError:
-            self.close()  # raises with the writer's error
-            raise RuntimeError(f"{self.path}: its writer process ended early") from None
-        finally:
-            if held is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        with sigint_deferred():
+            try:
+                stdin.write(data)
+                stdin.flush()
+            except BrokenPipeError:
+                self.close()  # raises with the writer's error
+                raise RuntimeError(f"{self.path}: its writer process ended early") from None
+            self.num_rows += num_rows
 
     def close(self, check: bool = True) -> None:
         """Finish the file: wait for the writer process. `check`: raise if it failed.

@@ -11,6 +11,7 @@ from typing import Any
 
 from schedlab.cluster.instance import Instance, InstanceSummary
 from schedlab.request import Request
+from schedlab.runs.interrupt import sigint_deferred
 from schedlab.runs.request_stats import RequestStats
 from schedlab.runs.run_result import RunResult
 from schedlab.stats import EngineCounters, StepStats, StepTotals
@@ -213,7 +214,12 @@ class StepStream:
 
     def take(self, final: bool = False) -> None:
         """Take every engine's records, hand on those no instance can still precede (`final`:
-        all). Changes state."""
+        all). A Ctrl-C waits for the end (records taken and not handed on would be lost).
+        Changes state."""
+        with sigint_deferred():
+            self._take(final)
+
+    def _take(self, final: bool) -> None:
         self._steps = 0
         held, skip = self._held, self._skip
         for n, inst in enumerate(self.instances):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType, TracebackType
 
 
@@ -47,3 +49,30 @@ class InterruptLatch:
         if self._installed:
             signal.signal(signal.SIGINT, self._old)  # type: ignore[arg-type]
             self._installed = False
+
+
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """A Ctrl-C held back until the block ends, then handled as it would have been: for a
+    hand-off that must not stop half way (records taken from the engines and not yet written
+    would be lost, half a pickle would break the reader).
+
+    NOTE: the SIGINT handler is swapped for one that notes the signal, not the signal masked:
+    a process-directed signal goes to any thread not masking it (numpy's BLAS threads), and
+    Python runs its handler in the main thread regardless. Only the main thread runs
+    handlers, so a block in another thread has nothing to hold back."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is None):  # NOTE: a handler set outside Python
+        yield
+        return
+    hit: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: hit.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if hit:
+            if callable(old):
+                old(signal.SIGINT, None)
+            elif old == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
