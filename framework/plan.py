@@ -148,7 +148,14 @@ class SchedulerOutput:
         """Append one-token entries for `requests` from `starts` over `tables`, each at its
         sequence's last token with no swap-in (the caller checked; the engine checks again),
         kept as a `DecodeRun` when the plan is still empty. The plan keeps the three lists.
-        Changes state."""
+        Changes state.
+
+        Raises:
+            ValueError: the three lists are not of one length.
+        """
+        if not len(requests) == len(starts) == len(tables):
+            raise ValueError(f"add_decodes() got {len(requests)} requests, {len(starts)} starts "
+                             f"and {len(tables)} block tables; one of each per request")
         if self.decode_run is None and not self.rest and not self._exposed and requests:
             self.decode_run = tuple.__new__(DecodeRun, (requests, starts, tables))  # NOTE: C-level
         else:

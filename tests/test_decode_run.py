@@ -12,6 +12,7 @@ from fakes import fake_engine
 from schedlab.config import EngineConfig
 from schedlab.contracts import PluginContractError
 from schedlab.engine import Engine
+from schedlab.faults import PluginRuntimeError
 from schedlab.plan import ScheduledRequest, SchedulerOutput
 from schedlab.request import SamplingParams
 from schedlab.runs.driver import run_workload
@@ -191,3 +192,31 @@ def test_a_copied_plan_shares_its_entries_and_builds_them_once():
     assert twin.scheduled is plan.scheduled and [s.request for s in twin.scheduled] == reqs
     deep = copy.deepcopy(_three_decoding()[2])
     assert deep.num_scheduled == len(deep.scheduled) == 3
+
+
+class ShortStarts(Scheduler):
+    """Admits two requests whole, then hands add_decodes() one start for the two."""
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        if self.waiting:
+            while self.waiting:
+                req = self.next_waiting()
+                self.admit(req, req.num_tokens)
+                out.add(self.plan_request(req, req.num_tokens))
+        elif self.running:
+            reqs = self.running[:2]
+            tables = self.kv.allocate_next_tokens(reqs)
+            out.add_decodes(reqs, [reqs[0].num_computed_tokens], tables)
+        return out
+
+
+def test_add_decodes_of_lists_of_unequal_length_is_refused_with_a_sentence():
+    eng = fake_engine(scheduler=ShortStarts)
+    for _ in range(2):
+        eng.add_request(list(range(2, 12)), SamplingParams(max_tokens=3))
+    eng.step()
+    with pytest.raises(PluginRuntimeError, match=r"scheduler '\S*ShortStarts' raised ValueError"
+                       r"\('add_decodes\(\) got 2 requests, 1 starts and 2 block tables; one of "
+                       r"each per request'\) in schedule\(\) at step 2"):
+        eng.step()
