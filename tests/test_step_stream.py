@@ -232,6 +232,25 @@ def test_steps_csv_is_what_the_csv_module_writes_however_the_steps_come(tmp_path
         ",".join(f.name for f in dataclasses.fields(StepStats))]
 
 
+def test_a_value_of_a_class_the_writer_cannot_import_is_written_as_csv_writes_it(
+        tmp_path, monkeypatch):
+    """A step value of a plugin's class that pickles (by reference to a module only this
+    process can import, as a script's `__main__` is) is written as `csv.writer` writes it;
+    the writer process imports nothing of the plugin's."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "my_floats.py").write_text(
+        "class Seconds(float):\n    def __str__(self):\n        return f'{float(self):.3f}s'\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mine"))
+    from my_floats import Seconds
+
+    steps = _steps(10)
+    steps[4].step_time = Seconds(0.25)
+    with steps_csv.StepsCsv(tmp_path / "steps.csv") as out:
+        out(steps)
+    assert (tmp_path / "steps.csv").read_bytes() == _reference(tmp_path / "ref.csv", steps)
+    assert b",0.250s," in (tmp_path / "steps.csv").read_bytes()
+
+
 def test_a_failed_steps_csv_writer_is_one_clear_error(tmp_path, monkeypatch):
     """The writer process's failure surfaces in the run as an error naming the file and the
     writer's own last words, not as a broken pipe."""

@@ -61,6 +61,25 @@ with open(sys.argv[1], "a", newline="") as f:
 """
 
 
+class _ValuesAsText(pickle.Pickler):
+    """Pickles row tuples with every value not of a built-in type (a plugin's numpy float, a
+    class of its own) as its `str`, which is what `csv.writer` writes of it: the writer
+    process then needs to import nothing of the plugin's (a class in a script's `__main__`
+    is not there). NOTE: plain ints, floats, strs, None and the tuples and list never reach
+    `reducer_override` (pickle's C fast path), so plain rows cost nothing more."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type | tuple | list) or callable(obj):  # NOTE: `str` itself too
+            return NotImplemented
+        return str, (str(obj),)
+
+
+def _dumps(rows: list[tuple[Any, ...]]) -> bytes:
+    buf = io.BytesIO()
+    _ValuesAsText(buf, pickle.HIGHEST_PROTOCOL).dump(rows)
+    return buf.getvalue()
+
+
 def format_rows(rows: Sequence[tuple[Any, ...]]) -> str:
     """The text of steps.csv rows (`StepStats` field values in field order), as `csv.writer`
     writes them."""
@@ -121,8 +140,8 @@ class StepsCsv:
                     self.num_rows += len(rows)
                 continue
             try:
-                data = pickle.dumps(rows, pickle.HIGHEST_PROTOCOL)
-            except Exception:  # NOTE: a plugin's value that does not pickle: its text
+                data = _dumps(rows)
+            except Exception:  # NOTE: a value whose str() fails: the rows' text
                 data = pickle.dumps(format_rows(rows), pickle.HIGHEST_PROTOCOL)
             self._send(data, len(rows))
 
