@@ -239,16 +239,21 @@ def test_a_value_of_a_class_the_writer_cannot_import_is_written_as_csv_writes_it
     the writer process imports nothing of the plugin's."""
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "my_floats.py").write_text(
-        "class Seconds(float):\n    def __str__(self):\n        return f'{float(self):.3f}s'\n")
+        "import enum\n"
+        "class Seconds(float):\n    def __str__(self):\n        return f'{float(self):.3f}s'\n"
+        "class Tick(float):\n    def __call__(self):\n        return 0\n"
+        "class Color(str, enum.Enum):\n    RED = 'red'\n")
     monkeypatch.syspath_prepend(str(tmp_path / "mine"))
-    from my_floats import Seconds
+    from my_floats import Color, Seconds, Tick
 
     steps = _steps(10)
-    steps[4].step_time = Seconds(0.25)
+    steps[4].step_time, steps[5].step_time, steps[6].step_time = Seconds(0.25), Tick(2.0), Color.RED
+    steps[7].forward_time = (1, np.float64(2.0))  # csv.writer writes the tuple's str
     with steps_csv.StepsCsv(tmp_path / "steps.csv") as out:
         out(steps)
-    assert (tmp_path / "steps.csv").read_bytes() == _reference(tmp_path / "ref.csv", steps)
-    assert b",0.250s," in (tmp_path / "steps.csv").read_bytes()
+    written = (tmp_path / "steps.csv").read_bytes()
+    assert written == _reference(tmp_path / "ref.csv", steps)
+    assert b",0.250s," in written and b",red," in written and b'"(1, np.float64(2.0))"' in written
 
 
 def test_a_failed_steps_csv_writer_is_one_clear_error(tmp_path, monkeypatch):

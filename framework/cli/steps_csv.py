@@ -61,23 +61,30 @@ with open(sys.argv[1], "a", newline="") as f:
 """
 
 
-class _ValuesAsText(pickle.Pickler):
-    """Pickles row tuples with every value not of a built-in type (a plugin's numpy float, a
-    class of its own) as its `str`, which is what `csv.writer` writes of it: the writer
-    process then needs to import nothing of the plugin's (a class in a script's `__main__`
-    is not there). NOTE: plain ints, floats, strs, None and the tuples and list never reach
-    `reducer_override` (pickle's C fast path), so plain rows cost nothing more."""
+class _PlainPickler(pickle.Pickler):
+    """Notes (`plain` False) any value not of a built-in type in what it pickles: a plugin's
+    numpy float, a class of its own, at any depth. NOTE: ints, floats, strs, None and exact
+    tuples, lists and dicts never reach `reducer_override` (pickle's C fast path), so plain
+    rows cost nothing more."""
+
+    plain = True
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, type | tuple | list) or callable(obj):  # NOTE: `str` itself too
-            return NotImplemented
-        return str, (str(obj),)
+        self.plain = False
+        return NotImplemented
 
 
 def _dumps(rows: list[tuple[Any, ...]]) -> bytes:
+    """The rows pickled for the writer process; rows holding any value not of a built-in type
+    go as their text (`format_rows`, what `csv.writer` writes of them): the writer process
+    then needs to import nothing of a plugin's (a class in a script's `__main__` is not
+    there)."""
     buf = io.BytesIO()
-    _ValuesAsText(buf, pickle.HIGHEST_PROTOCOL).dump(rows)
-    return buf.getvalue()
+    pickler = _PlainPickler(buf, pickle.HIGHEST_PROTOCOL)
+    pickler.dump(rows)
+    if pickler.plain:
+        return buf.getvalue()
+    return pickle.dumps(format_rows(rows), pickle.HIGHEST_PROTOCOL)
 
 
 def format_rows(rows: Sequence[tuple[Any, ...]]) -> str:
@@ -141,7 +148,7 @@ class StepsCsv:
                 continue
             try:
                 data = _dumps(rows)
-            except Exception:  # NOTE: a value whose str() fails: the rows' text
+            except Exception:  # NOTE: a plugin's value that does not pickle: its text
                 data = pickle.dumps(format_rows(rows), pickle.HIGHEST_PROTOCOL)
             self._send(data, len(rows))
 
