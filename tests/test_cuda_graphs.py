@@ -189,3 +189,39 @@ def test_captured_graphs_give_the_eager_output(llama_dir, attention):
     assert runner is not None and runner.capture
     assert sorted(runner.graphs) == [(b, c) for b in (1, 2, 4, 8) for c in contexts]
     assert graphed == eager
+
+
+def test_a_decode_step_with_a_one_token_chunk_that_does_not_sample_runs_eagerly(llama_dir):
+    """Three decodes at position 3 and a 1-token chunk at position 30 of a 40-token prompt
+    (chunked prefill): one token each, and the chunk, whose context is the longest, comes
+    first in the batch but does not sample. A graph returns a row of logits per sequence, so
+    such a step runs eagerly, and each request gets the eager run's token (they had gone to
+    the wrong requests)."""
+    from schedlab.config import EngineConfig
+    from schedlab.plan import ScheduledRequest, SchedulerOutput
+    from schedlab.plugins.executors.torch_executor import TorchExecutor
+    from schedlab.request import Request
+
+    def sampled(emulate: bool) -> list[list[int | None]]:
+        kw = dict(cuda_graph_sizes=[1, 2, 4, 8]) if emulate else {}
+        ex = TorchExecutor(EngineConfig(model=llama_dir, device="cpu", max_model_len=64, **kw),
+                           emulate_cuda_graphs=emulate)
+        ex.initialize_cache(64, 16)
+        assert (ex.graph_runner is not None) == emulate
+        sp = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+        short = [Request(f"s{i}", [5 + i, 9, 11], sp) for i in range(3)]
+        long = Request("L", list(range(3, 43)), sp)
+        tables = {"s0": [1], "s1": [2], "s2": [3], "L": [4, 5, 6]}
+        first = ex.execute(SchedulerOutput(
+            [ScheduledRequest(r, 3, 0, tables[r.request_id]) for r in short]
+            + [ScheduledRequest(long, 30, 0, tables["L"])])).sampled_token_ids
+        for r, t in zip(short, first, strict=False):
+            r.output_token_ids.append(t)
+        second = ex.execute(SchedulerOutput(
+            [ScheduledRequest(r, 1, 3, tables[r.request_id]) for r in short]
+            + [ScheduledRequest(long, 1, 30, tables["L"])])).sampled_token_ids
+        return [first, second]
+
+    eager = sampled(emulate=False)
+    assert eager[1][3] is None and None not in eager[1][:3]
+    assert sampled(emulate=True) == eager

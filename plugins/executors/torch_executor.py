@@ -139,7 +139,9 @@ class TorchExecutor(Executor):
         input_ids, positions, meta, logits_idx, order, reqs, samples = self._prepare(plan)
         t1 = time.perf_counter()
         runner = self.graph_runner
-        if runner is not None and runner.fits(meta):
+        # NOTE: a graph gives a row of logits per sequence: only a step in which every one
+        # samples (a 1-token prefill chunk among the decodes does not) can take it
+        if runner is not None and logits_idx.shape[0] == meta.num_seqs and runner.fits(meta):
             logits = runner.run(input_ids, positions, meta)
         else:
             logits = self.model(
