@@ -76,12 +76,15 @@ class _PlainPickler(pickle.Pickler):
 
 def _dumps(rows: list[tuple[Any, ...]]) -> bytes:
     """The rows pickled for the writer process; rows holding any value not of a built-in type
-    go as their text (`format_rows`, what `csv.writer` writes of them): the writer process
-    then needs to import nothing of a plugin's (a class in a script's `__main__` is not
-    there)."""
+    (or one that does not pickle) go as their text (`format_rows`, what `csv.writer` writes
+    of them): the writer process then needs to import nothing of a plugin's (a class in a
+    script's `__main__` is not there)."""
     buf = io.BytesIO()
     pickler = _PlainPickler(buf, pickle.HIGHEST_PROTOCOL)
-    pickler.dump(rows)
+    try:
+        pickler.dump(rows)
+    except Exception:  # NOTE: a plugin's value that does not pickle
+        pickler.plain = False
     if pickler.plain:
         return buf.getvalue()
     return pickle.dumps(format_rows(rows), pickle.HIGHEST_PROTOCOL)
@@ -146,11 +149,7 @@ class StepsCsv:
                     self._file.write(text)
                     self.num_rows += len(rows)
                 continue
-            try:
-                data = _dumps(rows)
-            except Exception:  # NOTE: a plugin's value that does not pickle: its text
-                data = pickle.dumps(format_rows(rows), pickle.HIGHEST_PROTOCOL)
-            self._send(data, len(rows))
+            self._send(_dumps(rows), len(rows))
 
     def _send(self, data: bytes, num_rows: int) -> None:
         assert self._proc is not None and self._proc.stdin is not None
