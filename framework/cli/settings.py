@@ -87,6 +87,8 @@ class RunSettings:
     progress: bool = True
     #: keep every request and write the per-request lists (False: stream, summaries only)
     save_detailed: bool = True
+    #: processes a simulated cluster's instances run in (`run_workload`'s `workers`)
+    workers: int = 1
     percentiles: tuple[float, ...] = (50, 90, 95, 99)
     slo: dict[str, float] | None = None
     plots: bool = True
@@ -177,6 +179,10 @@ def build_settings(cfg: DictConfig, group: str | None = None,
     save_detailed = driver.get("save_detailed", True)
     if not isinstance(save_detailed, bool):
         raise ConfigError(f"driver.save_detailed={save_detailed!r} must be true or false")
+    workers = driver.get("workers", 1)
+    if not _is_int(workers) or workers < 1:
+        raise ConfigError(f"driver.workers={workers!r} must be an integer >= 1 (the processes a "
+                          "simulated cluster's instances run in)")
     cluster = cluster_from_config(c.get("cluster"), c.get("router"))
     temperature = sampling.get("temperature", 0.0)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
@@ -203,6 +209,7 @@ def build_settings(cfg: DictConfig, group: str | None = None,
         max_concurrency=max_conc,
         progress=bool(driver.get("progress", True)),
         save_detailed=save_detailed,
+        workers=workers,
         percentiles=tuple(pcts),
         slo=_slo(metrics.get("slo")),
         plots=bool(c.get("plots", True)),

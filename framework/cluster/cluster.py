@@ -88,7 +88,7 @@ class Cluster:
         self.router_name = registry.describe(config.router).strip("'")
         self._transfers: list[tuple[float, int, KVTransfer]] = []
         self._seq = itertools.count()
-        self._ids = itertools.count()
+        self._ids: Iterator[int] = itertools.count()
         #: the current run: its start and the requests routed (`begin_run` starts one)
         self._record = RunRecord()
 

@@ -202,6 +202,15 @@ class StepStream:
         self._series = _Series(len(instances)) if len(instances) > 1 else None
         self._steps = 0  # since the last take
 
+    def rebind(self, instances: Sequence[Any]) -> None:
+        """Take the records from `instances` instead, one per instance in order, none skipped:
+        a split run's stand-ins for instances that step in workers
+        (`schedlab.cluster.parallel.WorkerInstance`). Before any record was taken. Changes
+        state."""
+        assert not self.held() and len(instances) == len(self.instances), "rebind() first"
+        self.instances = instances
+        self._skip = [0] * len(instances)
+
     def stepped(self) -> None:
         """An instance ran a step: take the records every `DRAIN_STEPS`. Changes state."""
         self._steps += 1

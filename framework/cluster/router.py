@@ -81,6 +81,16 @@ class Router(ABC):
             The chosen instance's index, in `[0, len(loads))`.
         """
 
+    def static_routes(self, num_requests: int) -> list[int] | None:
+        """The instances of the next `num_requests` requests, in routing order, when this
+        router's choices depend on nothing but their order (round robin): what `select`
+        would return for each, known before any is routed, so that a simulated cluster's
+        instances can run in separate processes (`run_workload(..., workers=N)`). None (the
+        default): the choices depend on the requests or the loads. No state change.
+        """
+        del num_requests
+        return None
+
     def on_routed(self, request: Request, index: int) -> None:  # noqa: B027 (optional hook)
         """Told after `request` was added to instance `index` (a rejected request included).
         Changes state in routers that keep their own view of the instances."""

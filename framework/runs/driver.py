@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from schedlab.config import ConfigError
 from schedlab.request import SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.run_result import RunResult
@@ -34,6 +35,7 @@ def run_workload(
     save_detailed: bool = True,
     interrupt: InterruptLatch | None = None,
     steps_out: StepsOut | None = None,
+    workers: int = 1,
 ) -> RunResult:
     """Release the workload at its arrival times and step the instances until every request
     has ended.
@@ -64,6 +66,11 @@ def run_workload(
             (`schedlab run` writes steps.csv's rows). Streaming, it gets them as the run goes
             and they are not kept: `RunResult.step_totals` has what the engine metrics read
             (a cluster's `interrupt()` hands on the rest).
+        workers: simulate the cluster's instances in this many processes forked from this
+            one (`schedlab.cluster.parallel`): the same run, every number equal, for a
+            streaming run of simulated instances behind a router whose choices depend on
+            the order alone (round robin), without `max_concurrency` or sessions; the
+            cluster runs nothing more afterwards.
 
     Returns:
         The run: every request finished or rejected, in workload order, with its timestamps
@@ -72,6 +79,7 @@ def run_workload(
     Raises:
         ValueError: `max_concurrency` below 1, `params` or `request_ids` of the wrong length,
             or a session's turns out of order.
+        ConfigError: `workers` above 1 for a run that cannot be split (the sentence says why).
         RuntimeError: requests are outstanding and no instance can make progress (a plugin
             lost or stalls them), within `schedlab.cluster.loop.MAX_STALLED_STEPS` steps.
     """
@@ -87,12 +95,26 @@ def run_workload(
     loop = RunLoop(cluster, list(workload), params, request_ids, max_concurrency, check,
                    stream=not save_detailed)
     loop.interrupt = interrupt
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers={workers!r} must be an integer >= 1")
+    if workers > 1:
+        from schedlab.cluster.parallel import split_refusal
+
+        why = split_refusal(loop, workers)
+        if why is not None:
+            raise ConfigError(f"workers={workers} (driver.workers): this run cannot be split "
+                              f"over processes: {why}; use workers=1")
     if steps_out is not None and not save_detailed:
         cluster.stream_steps(steps_out)
     bar = progress_bar(len(workload), progress)
     try:
         with fewer_collections():
-            loop.run(bar)
+            if workers > 1:
+                from schedlab.cluster.parallel import run_split
+
+                run_split(loop, workers, bar)
+            else:
+                loop.run(bar)
     finally:
         bar.close()
     run = cluster.result(max_concurrency)

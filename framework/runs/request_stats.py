@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,6 +45,20 @@ def since_arrival(r: Request, t: float | None) -> float:
     request has (first scheduled, first token, finished)."""
     assert t is not None, f"request {r.request_id} lacks a timestamp a completed one has"
     return t - r.metrics.arrival_time
+
+
+class FiledChunk(NamedTuple):
+    """Requests filed in one process, to be filed in another (`RequestStats.file_chunk`)."""
+
+    #: one per request, as `RequestStats.add` makes them: token_at counts from `times`' start;
+    #: client and slo_class index into `clients` and `slo_classes` (`NO_GROUP`: none)
+    rows: list[tuple]
+    #: the requests' token times, float64 bytes
+    times: bytes
+    #: why each request that did not complete ended, by position
+    errors: dict[int, str | None]
+    clients: list[str]
+    slo_classes: list[str]
 
 
 class RequestStats:
@@ -130,6 +145,29 @@ class RequestStats:
         rows.append((k, status, m.arrival_time, _NAN if finished is None else finished, ttft,
                      e2el, queue, num_input, num_output, token_at, num_tokens, client,
                      slo_class, deadline))
+        if len(rows) >= _PENDING_ROWS:
+            self._store_rows()
+
+    # ---- a run split over processes (`schedlab.cluster.parallel`) ---------------------------
+    def file_chunk(self, chunk: FiledChunk) -> None:
+        """File the requests another process filed (`schedlab.cluster.parallel`), as if each had
+        been `add`ed here (the positions must not be filed yet). Changes state."""
+        pending = self._pending
+        offset = self._times_len + len(pending)
+        pending.frombytes(chunk.times)
+        clients = [_code(self._client_codes, c) for c in chunk.clients]
+        classes = [_code(self._slo_class_codes, c) for c in chunk.slo_classes]
+        rows = self._rows
+        for row in chunk.rows:
+            (k, status, arrival, finished, ttft, e2el, queue, num_input, num_output, token_at,
+             num_tokens, client, slo_class, deadline) = row
+            rows.append((k, status, arrival, finished, ttft, e2el, queue, num_input, num_output,
+                         token_at + offset if num_tokens else 0, num_tokens,
+                         clients[client] if client >= 0 else client,
+                         classes[slo_class] if slo_class >= 0 else slo_class, deadline))
+        self.errors.update(chunk.errors)
+        if len(pending) >= _PENDING_TIMES:
+            self._move_pending()
         if len(rows) >= _PENDING_ROWS:
             self._store_rows()
 

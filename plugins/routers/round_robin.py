@@ -24,6 +24,10 @@ class RoundRobinRouter(Router):
         self._next = (i + 1) % len(loads)
         return i
 
+    def static_routes(self, num_requests: int) -> list[int]:
+        n, first = self.num_instances, self._next
+        return [(first + k) % n for k in range(num_requests)]
+
     def check_integrity(self) -> None:
         super().check_integrity()
         assert 0 <= self._next < self.num_instances, f"cursor {self._next} outside the pool"

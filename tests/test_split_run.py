@@ -1,0 +1,221 @@
+"""A simulated cluster split over worker processes (`run_workload(..., workers=N)`,
+`driver.workers=N`) gives the run one process gives, number for number: the metrics, the
+steps in steps.csv's order, each instance's summary; a run it cannot split is refused with
+the reason; a worker's error, a worker's death and a Ctrl-C reach the run's process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import astuple
+
+import pytest
+from hydra import compose, initialize_config_module
+from test_paths import WORKLOADS, sim, workload
+
+from schedlab.cluster import Cluster, ClusterConfig
+from schedlab.config import ConfigError
+from schedlab.faults import PluginContractError
+from schedlab.runs.driver import run_workload
+from schedlab.runs.interrupt import InterruptLatch
+from schedlab.runs.metrics import compute_metrics
+from schedlab.runs.request_stats import COMPLETED, FAILED
+from schedlab.stats import STEP_PHASES, StepStats
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="a split run forks")
+
+#: the host's own seconds in a step record (each process measures its own)
+HOST = {f"{p}_time" for p in STEP_PHASES} | {"framework_time"}
+_FIELDS = list(StepStats.__dataclass_fields__)
+_SIM = [k for k, name in enumerate(_FIELDS) if name not in HOST]
+
+
+def _run(wl, workers: int, n: int = 4, **engine):
+    steps: list[tuple] = []
+
+    def out(batch):
+        steps.extend(tuple(astuple(s)[k] for k in _SIM) for s in batch)
+
+    cluster = Cluster(ClusterConfig(num_instances=n), sim(**engine))
+    run = run_workload(cluster, wl, save_detailed=False, steps_out=out, workers=workers)
+    metrics = compute_metrics(run, slo={"ttft": 40.0, "tpot": 20.0})
+    host = {f"mean_{p}_time_ms" for p in STEP_PHASES} | {"mean_framework_time_ms"}
+    return ({k: v for k, v in metrics.items() if k not in host}, steps,
+            cluster.result_with_summary(run).summary())
+
+
+@pytest.mark.parametrize(("kind", "workers", "engine"), [
+    ("synthetic", 2, {}),
+    ("clients_slo_priorities", 3, {"queue": "priority"}),  # 4 instances over 3 workers
+    ("shared_prefix", 2, {"num_kv_blocks": 24, "scheduler": "chunked_prefill",
+                          "max_num_batched_tokens": 64}),  # preemptions, prefix hits
+    ("azure", 4, {}),
+])
+def test_a_split_run_gives_what_one_process_gives(kind, workers, engine):
+    wl = workload(kind)
+    one = _run(wl, 1, **engine)
+    split = _run(wl, workers, **engine)
+    assert split[0] == one[0]  # every metric, per client and SLO class included
+    assert split[1] == one[1]  # every step, in the run's order
+    assert split[2] == one[2]  # each instance's summary
+    assert one[0]["completed"] == len(wl) and len(one[1]) > len(wl)
+    assert len({s["num_routed"] for s in one[2]["instances"]}) >= 1
+
+
+def test_a_split_run_of_many_steps_holds_the_order_across_hand_overs(monkeypatch):
+    """Steps handed over every 16 steps, workers far apart in simulated time: the merge
+    still gives the one-process order (and the cluster-wide KV series its metrics read)."""
+    import schedlab.cluster.parallel as parallel
+    import schedlab.cluster.record as record
+
+    monkeypatch.setattr(record, "DRAIN_STEPS", 16)
+    monkeypatch.setattr(parallel, "DRAIN_STEPS", 16)
+    monkeypatch.setattr(parallel, "HOLD_STEPS", 32)
+    spec = {**WORKLOADS["synthetic"], "num_requests": 120, "arrival": {"process": "poisson",
+                                                                       "rate": 200.0}}
+    from schedlab.runs.workload import build_workload
+
+    wl = build_workload(spec, 128_256, seed=3)
+    one, split = _run(wl, 1, n=5), _run(wl, 2, n=5)
+    assert split == one
+    assert one[0]["peak_kv_used_blocks"] > 0
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"router": "least_loaded"}, "router least_loaded chooses by"),
+    ({"save_detailed": True}, "driver.save_detailed=false"),
+    ({"max_concurrency": 4}, "max_concurrency couples"),
+    ({"kind": "sessions"}, "sessions"),
+    ({"workers": 5}, "fewer than 5 workers"),
+    ({"disaggregated": True}, "disaggregation"),
+])
+def test_a_run_that_cannot_be_split_is_refused_with_the_reason(change, why):
+    router = change.get("router", "round_robin")
+    config = (ClusterConfig(num_instances=None, prefill_instances=2, decode_instances=2,
+                            router=router)
+              if change.get("disaggregated") else ClusterConfig(num_instances=4, router=router))
+    cluster = Cluster(config, sim())
+    with pytest.raises(ConfigError, match=why) as err:
+        run_workload(cluster, workload(change.get("kind", "synthetic")),
+                     save_detailed=change.get("save_detailed", False),
+                     max_concurrency=change.get("max_concurrency"),
+                     workers=change.get("workers", 2))
+    assert str(err.value).startswith(f"workers={change.get('workers', 2)} (driver.workers)")
+
+
+@pytest.mark.parametrize("workers", [0, True, 1.5])
+def test_workers_must_be_a_count(workers):
+    with pytest.raises(ConfigError, match="must be an integer >= 1"):
+        run_workload(Cluster(ClusterConfig(num_instances=2), sim()), workload("synthetic"),
+                     save_detailed=False, workers=workers)
+
+
+def test_a_workers_plugin_error_is_raised_in_the_run_process(monkeypatch):
+    """A plugin that breaks its contract on one instance, in a worker: the run's process
+    raises the error one process raises, naming the plugin."""
+    from schedlab.cluster.instance import Instance
+
+    real = Instance.step
+
+    def step(self):
+        if self.index == 3 and self.engine.counters().num_steps == 5:
+            raise PluginContractError("scheduler continuous planned step 6 with nonsense")
+        real(self)
+
+    monkeypatch.setattr(Instance, "step", step)
+    wl = workload("synthetic")
+    for workers in (1, 2):
+        with pytest.raises(PluginContractError, match="planned step 6 with nonsense"):
+            run_workload(Cluster(ClusterConfig(num_instances=4), sim()), wl,
+                         save_detailed=False, workers=workers)
+
+
+def test_a_worker_that_dies_is_named(monkeypatch):
+    from schedlab.cluster.instance import Instance
+
+    real = Instance.step
+
+    def step(self):
+        if self.index == 1 and self.engine.counters().num_steps == 3:
+            os._exit(7)  # NOTE: only workers step instances in a split run
+        real(self)
+
+    monkeypatch.setattr(Instance, "step", step)
+    with pytest.raises(RuntimeError, match=r"worker 1 \(pid \d+\) ended without handing over "
+                                           r"its results \(exit status 7\)"):
+        run_workload(Cluster(ClusterConfig(num_instances=4), sim()), workload("synthetic"),
+                     save_detailed=False, workers=2)
+
+
+def test_a_ctrl_c_ends_every_request_and_keeps_the_partial_run(monkeypatch):
+    """Ctrl-C while workers run: each ends its requests in flight and hands over what it has;
+    the run's process raises KeyboardInterrupt, and the cluster's `interrupt()` gives the
+    partial run with every request released so far filed (finished or aborted), as in one
+    process."""
+    from schedlab.cluster.instance import Instance
+
+    real = Instance.step
+
+    def step(self):  # worker 0 presses Ctrl-C in the run's process at its 20th step
+        if self.index == 0 and self.engine.counters().num_steps == 20:
+            os.kill(os.getppid(), signal.SIGINT)
+        real(self)
+
+    monkeypatch.setattr(Instance, "step", step)
+    spec = {**WORKLOADS["synthetic"], "num_requests": 400, "arrival": {"process": "poisson",
+                                                                       "rate": 400.0}}
+    from schedlab.runs.workload import build_workload
+
+    wl = build_workload(spec, 128_256, seed=2)
+    cluster = Cluster(ClusterConfig(num_instances=4), sim())
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), InterruptLatch() as latch:
+            run_workload(cluster, wl, save_detailed=False, interrupt=latch, workers=2)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    res = cluster.interrupt()
+    routed = sum(s.num_routed for s in res.instances)
+    stats = res.run.stats
+    assert 0 < routed < len(wl)  # cut short
+    assert stats.num_ended() == routed  # nothing lost: each released one finished or aborted
+    assert 0 < stats.count(COMPLETED) and stats.count(FAILED) + stats.count(COMPLETED) == routed
+    assert compute_metrics(res.run)["completed"] == stats.count(COMPLETED)
+
+
+def test_schedlab_run_with_workers_writes_the_one_process_results(tmp_path):
+    from schedlab.cli.app import execute
+    from schedlab.cli.settings import build_settings
+
+    def run(out, *extra):
+        with initialize_config_module("schedlab.conf", version_base="1.3"):
+            cfg = compose("config", overrides=[
+                f"paths.output_dir={out}", "logger=none", "plots=false", "print_table=false",
+                "executor=sim", "model=llama3_8b", "hardware=h100",
+                "workload.num_requests=60", "cluster=replicas", "cluster.num_instances=3",
+                "driver.progress=false", "driver.save_detailed=false", *extra])
+        execute(build_settings(cfg))
+        saved = json.loads((out / "results.json").read_text())
+        rows = (out / "steps.csv").read_text().splitlines()
+        return saved, rows
+
+    one, one_rows = run(tmp_path / "one")
+    two, two_rows = run(tmp_path / "two", "driver.workers=2")
+    assert two["config"]["driver"]["workers"] == 2
+    for key in ("completed", "p99_ttft_ms", "mean_tpot_ms", "p50_itl_ms", "output_throughput",
+                "duration", "cluster"):
+        assert two[key] == one[key], key
+    header = one_rows[0].split(",")
+    sim_cols = [k for k, c in enumerate(header) if c not in HOST]
+    assert [[r.split(",")[k] for k in sim_cols] for r in two_rows] == [
+        [r.split(",")[k] for k in sim_cols] for r in one_rows]
+
+
+def test_driver_workers_must_be_a_count(tmp_path):
+    from schedlab.cli.settings import build_settings
+
+    with initialize_config_module("schedlab.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[f"paths.output_dir={tmp_path}", "driver.workers=0"])
+    with pytest.raises(ConfigError, match=r"driver.workers=0 must be an integer >= 1"):
+        build_settings(cfg)
