@@ -20,7 +20,7 @@ from schedlab.faults import PluginContractError
 from schedlab.runs.driver import run_workload
 from schedlab.runs.interrupt import InterruptLatch
 from schedlab.runs.metrics import compute_metrics
-from schedlab.runs.request_stats import COMPLETED, FAILED
+from schedlab.runs.request_stats import COMPLETED, FAILED, RequestStats
 from schedlab.stats import STEP_PHASES, StepStats
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="a split run forks")
@@ -31,20 +31,23 @@ _FIELDS = list(StepStats.__dataclass_fields__)
 _SIM = [k for k, name in enumerate(_FIELDS) if name not in HOST]
 
 
-def _run(wl, workers: int, n: int = 4, **engine):
+def _run(wl, workers: int, n: int = 4, detailed: bool = False, **engine):
     steps: list[tuple] = []
 
     def out(batch):
         steps.extend(tuple(astuple(s)[k] for k in _SIM) for s in batch)
 
     cluster = Cluster(ClusterConfig(num_instances=n), sim(**engine))
-    run = run_workload(cluster, wl, save_detailed=False, steps_out=out, workers=workers)
+    run = run_workload(cluster, wl, save_detailed=detailed, steps_out=out, workers=workers)
     metrics = compute_metrics(run, slo={"ttft": 40.0, "tpot": 20.0})
     host = {f"mean_{p}_time_ms" for p in STEP_PHASES} | {"mean_framework_time_ms"}
+    requests = [(r.request_id, r.prompt_token_ids, r.output_token_ids, r.status,
+                 r.metrics) for r in run.requests]
     return ({k: v for k, v in metrics.items() if k not in host}, steps,
-            cluster.result_with_summary(run).summary())
+            cluster.result_with_summary(run).summary(), requests)
 
 
+@pytest.mark.parametrize("detailed", [False, True], ids=["streaming", "detailed"])
 @pytest.mark.parametrize(("kind", "workers", "engine"), [
     ("synthetic", 2, {}),
     ("clients_slo_priorities", 3, {"queue": "priority"}),  # 4 instances over 3 workers
@@ -52,15 +55,17 @@ def _run(wl, workers: int, n: int = 4, **engine):
                           "max_num_batched_tokens": 64}),  # preemptions, prefix hits
     ("azure", 4, {}),
 ])
-def test_a_split_run_gives_what_one_process_gives(kind, workers, engine):
+def test_a_split_run_gives_what_one_process_gives(kind, workers, engine, detailed):
     wl = workload(kind)
-    one = _run(wl, 1, **engine)
-    split = _run(wl, workers, **engine)
-    assert split[0] == one[0]  # every metric, per client and SLO class included
+    one = _run(wl, 1, detailed=detailed, **engine)
+    split = _run(wl, workers, detailed=detailed, **engine)
+    assert split[0] == one[0]  # every metric (detailed: the per-request lists too)
     assert split[1] == one[1]  # every step, in the run's order
     assert split[2] == one[2]  # each instance's summary
+    assert split[3] == one[3]  # detailed: each request, its ids, tokens and timestamps
     assert one[0]["completed"] == len(wl) and len(one[1]) > len(wl)
-    assert len({s["num_routed"] for s in one[2]["instances"]}) >= 1
+    assert len(one[3]) == (len(wl) if detailed else 0)
+    assert ("ttfts" in one[0]) is detailed
 
 
 def test_a_split_run_of_many_steps_holds_the_order_across_hand_overs(monkeypatch):
@@ -84,7 +89,6 @@ def test_a_split_run_of_many_steps_holds_the_order_across_hand_overs(monkeypatch
 
 @pytest.mark.parametrize(("change", "why"), [
     ({"router": "least_loaded"}, "router least_loaded chooses by"),
-    ({"save_detailed": True}, "driver.save_detailed=false"),
     ({"max_concurrency": 4}, "max_concurrency couples"),
     ({"kind": "sessions"}, "sessions"),
     ({"workers": 5}, "fewer than 5 workers"),
@@ -148,7 +152,8 @@ def test_a_worker_that_dies_is_named(monkeypatch):
                      save_detailed=False, workers=2)
 
 
-def test_a_ctrl_c_ends_every_request_and_keeps_the_partial_run(monkeypatch):
+@pytest.mark.parametrize("detailed", [False, True], ids=["streaming", "detailed"])
+def test_a_ctrl_c_ends_every_request_and_keeps_the_partial_run(monkeypatch, detailed):
     """Ctrl-C while workers run: each ends its requests in flight and hands over what it has;
     the run's process raises KeyboardInterrupt, and the cluster's `interrupt()` gives the
     partial run with every request released so far filed (finished or aborted), as in one
@@ -163,7 +168,7 @@ def test_a_ctrl_c_ends_every_request_and_keeps_the_partial_run(monkeypatch):
         real(self)
 
     monkeypatch.setattr(Instance, "step", step)
-    spec = {**WORKLOADS["synthetic"], "num_requests": 400, "arrival": {"process": "poisson",
+    spec = {**WORKLOADS["synthetic"], "num_requests": 1000, "arrival": {"process": "poisson",
                                                                        "rate": 400.0}}
     from schedlab.runs.workload import build_workload
 
@@ -172,19 +177,21 @@ def test_a_ctrl_c_ends_every_request_and_keeps_the_partial_run(monkeypatch):
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt), InterruptLatch() as latch:
-            run_workload(cluster, wl, save_detailed=False, interrupt=latch, workers=2)
+            run_workload(cluster, wl, save_detailed=detailed, interrupt=latch, workers=2)
     finally:
         signal.signal(signal.SIGINT, old)
     res = cluster.interrupt()
     routed = sum(s.num_routed for s in res.instances)
-    stats = res.run.stats
+    stats = res.run.stats if not detailed else RequestStats.of(res.run.requests, 0.0)
+    assert len(res.run.requests) == (routed if detailed else 0)
     assert 0 < routed < len(wl)  # cut short
     assert stats.num_ended() == routed  # nothing lost: each released one finished or aborted
     assert 0 < stats.count(COMPLETED) and stats.count(FAILED) + stats.count(COMPLETED) == routed
     assert compute_metrics(res.run)["completed"] == stats.count(COMPLETED)
 
 
-def test_schedlab_run_with_workers_writes_the_one_process_results(tmp_path):
+@pytest.mark.parametrize("detailed", ["false", "true"])
+def test_schedlab_run_with_workers_writes_the_one_process_results(tmp_path, detailed):
     from schedlab.cli.app import execute
     from schedlab.cli.settings import build_settings
 
@@ -194,7 +201,7 @@ def test_schedlab_run_with_workers_writes_the_one_process_results(tmp_path):
                 f"paths.output_dir={out}", "logger=none", "plots=false", "print_table=false",
                 "executor=sim", "model=llama3_8b", "hardware=h100",
                 "workload.num_requests=60", "cluster=replicas", "cluster.num_instances=3",
-                "driver.progress=false", "driver.save_detailed=false", *extra])
+                "driver.progress=false", f"driver.save_detailed={detailed}", *extra])
         execute(build_settings(cfg))
         saved = json.loads((out / "results.json").read_text())
         rows = (out / "steps.csv").read_text().splitlines()
@@ -204,8 +211,9 @@ def test_schedlab_run_with_workers_writes_the_one_process_results(tmp_path):
     two, two_rows = run(tmp_path / "two", "driver.workers=2")
     assert two["config"]["driver"]["workers"] == 2
     for key in ("completed", "p99_ttft_ms", "mean_tpot_ms", "p50_itl_ms", "output_throughput",
-                "duration", "cluster"):
-        assert two[key] == one[key], key
+                "duration", "cluster", "ttfts", "itls", "errors"):
+        assert two.get(key) == one.get(key), key
+    assert ("ttfts" in one) is (detailed == "true")
     header = one_rows[0].split(",")
     sim_cols = [k for k, c in enumerate(header) if c not in HOST]
     assert [[r.split(",")[k] for k in sim_cols] for r in two_rows] == [

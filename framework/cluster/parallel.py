@@ -4,19 +4,21 @@ machine with the cores.
 
 A run splits when nothing couples its instances but the timeline: every instance simulates
 (a virtual clock each), the router's choices depend on the requests' order alone
-(`Router.static_routes`: round robin), the run streams (`save_detailed=False`: workers hand
-over each request's stats, not the request), with no cap on the requests in flight (a seat
-freed on one instance releases a request to another), no sessions (a turn's end releases the
-next) and no prefill/decode split (requests move between instances). `split_refusal` says
-which of these a run breaks.
+(`Router.static_routes`: round robin), with no cap on the requests in flight (a seat freed
+on one instance releases a request to another), no sessions (a turn's end releases the next)
+and no prefill/decode split (requests move between instances). `split_refusal` says which of
+these a run breaks.
 
 Instance `i` goes to worker `i % N`. Each worker is forked from the run's process with the
 cluster and the workload as built, and runs the one run loop (`schedlab.cluster.loop`) over
-its instances and the releases routed to them; every `DRAIN_STEPS` of its steps it hands
-the run's process its step records, its instances' clocks and its ended requests' stats.
-The run's process merges the records into the run's step order with the run's own
-`StepStream` (by time, ties by the lower instance: steps.csv, the cluster-wide series and
-the engine metrics as one process makes them) and files the stats by workload position.
+its instances and the releases routed to them. Streaming (`save_detailed=False`), every
+`DRAIN_STEPS` of its steps it hands the run's process its step records, its instances'
+clocks and its ended requests' stats; the run's process merges the records into the run's
+step order with the run's own `StepStream` (by time, ties by the lower instance: steps.csv,
+the cluster-wide series and the engine metrics as one process makes them) and files the
+stats by workload position. A detailed run's worker hands over its requests and each
+instance's step records at the end (the run's process then holds them as after a run in one
+process, and `RunRecord.result` merges the steps as it does there).
 
 NOTE: an instance sees in a worker what it sees in one process. A request released at `t`
 reaches its instance before the first of that instance's steps to start at or after `t` (one
@@ -31,16 +33,19 @@ import gc
 import os
 import pickle
 import signal
+import threading
 from array import array
 from collections.abc import Sequence
+from itertools import starmap
 from multiprocessing.connection import Connection, Pipe, wait
+from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
 from schedlab.clock import VirtualClock
 from schedlab.cluster.instance import Instance, InstanceSummary, Role
 from schedlab.cluster.record import DRAIN_STEPS
 from schedlab.cluster.router import InstanceLoad, Router
-from schedlab.request import Request
+from schedlab.request import Request, RequestMetrics
 from schedlab.runs.interrupt import sigint_deferred
 from schedlab.runs.request_stats import FiledChunk, RequestStats
 from schedlab.stats import EngineCounters, StepStats, StepTotals
@@ -52,6 +57,14 @@ if TYPE_CHECKING:
 #: only from the worker furthest behind (the others wait on their pipes): a bound on the
 #: records held while one worker runs ahead of another
 HOLD_STEPS = 16 * DRAIN_STEPS
+
+#: seconds the run's process waits for a message before it looks for a Ctrl-C again
+POLL_S = 0.1
+#: a detailed run's requests per message from a worker (the pickle of one message is held
+#: whole on both sides)
+HAND_REQUESTS = 2048
+#: a detailed run's worker tells the run's process every this many ended requests (the bar)
+PROGRESS_REQUESTS = 256
 
 _INF = float("inf")
 
@@ -71,9 +84,6 @@ def split_refusal(loop: RunLoop, workers: int) -> str | None:
     if not all(isinstance(i.engine.clock, VirtualClock) for i in cluster.instances):
         return ("its instances do not simulate (executor=sim): a real model's steps run on "
                 "this process's device and clock")
-    if not loop.stream:
-        return ("it keeps every request (driver.save_detailed=true); a split run streams "
-                "(driver.save_detailed=false): workers hand over each request's stats")
     if loop.seats is not None:
         return ("max_concurrency couples the instances (a seat freed on one releases a request "
                 "to another)")
@@ -107,6 +117,22 @@ def run_split(loop: RunLoop, workers: int, bar) -> None:
         ids = range(base, base + len(routes))
     conns: list[Connection] = []
     pids: list[int] = []
+    # NOTE: a Ctrl-C is noted, not raised, from before the first fork to the end: the
+    # workers stop between two events (their loop checks the note), and this process goes on
+    # taking what they hand over; a KeyboardInterrupt raised half way through either would
+    # leave a request or a message half done
+    noted = _Noted()
+    old = signal.getsignal(signal.SIGINT)
+    watch = (threading.current_thread() is threading.main_thread()
+             and old not in (signal.SIG_IGN, None))
+    old_wakeup = -1
+    if watch:
+        signal.signal(signal.SIGINT, noted.handle)
+        # NOTE: a signal also writes a byte here, which wakes the wait for messages at once
+        noted.wakeup, wakeup = os.pipe()
+        os.set_blocking(noted.wakeup, False)
+        os.set_blocking(wakeup, False)
+        old_wakeup = signal.set_wakeup_fd(wakeup)
     try:
         for w in range(workers):
             recv, send = Pipe(duplex=False)
@@ -117,18 +143,57 @@ def run_split(loop: RunLoop, workers: int, bar) -> None:
                     recv.close()
                     for c in conns:
                         c.close()
-                    code = _work(loop, w, workers, routes, ids, send)
+                    code = _work(loop, w, workers, routes, ids, send, noted)
                 finally:
                     os._exit(code)
             send.close()
             conns.append(recv)
             pids.append(pid)
-        _merge(loop, conns, pids, bar)
+        _merge(loop, conns, pids, bar, noted)
     finally:
+        if watch:
+            signal.set_wakeup_fd(old_wakeup)
+            signal.signal(signal.SIGINT, old)
+            os.close(noted.wakeup)
+            os.close(wakeup)
         for pid in pids:
             _reap(pid)
         for c in conns:
             c.close()
+    if noted.seen:
+        raise KeyboardInterrupt
+
+
+class _Noted:
+    """A Ctrl-C noted, not raised (`handle` is the SIGINT handler): the run loop's interrupt
+    latch in a worker (`RunLoop.interrupt`: `check` raises at the loop's next event)."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        #: whether one came at all (`hit` is reset by `check`)
+        self.seen = False
+        #: the run's process: the read end of its signal wake-up pipe (-1: none)
+        self.wakeup = -1
+
+    def handle(self, signum: int, frame: object) -> None:  # noqa: ARG002
+        self.hit = self.seen = True
+
+    def watched(self, conns: list[Connection]) -> list:
+        """`conns` and the wake-up pipe, for `wait` (emptied first). No state change but the
+        pipe's."""
+        if self.wakeup < 0:
+            return list(conns)
+        try:
+            while os.read(self.wakeup, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        return [*conns, self.wakeup]
+
+    def check(self) -> None:
+        if self.hit:
+            self.hit = False
+            raise KeyboardInterrupt
 
 
 class WorkerInstance:
@@ -198,59 +263,73 @@ class WorkerInstance:
 
 
 # ---- the run's process -------------------------------------------------------------------
-def _merge(loop: RunLoop, conns: list[Connection], pids: list[int], bar) -> None:
-    """Take what the workers hand over until every one has ended (see `run_split`)."""
+def _merge(loop: RunLoop, conns: list[Connection], pids: list[int], bar,
+           noted: _Noted) -> None:
+    """Take what the workers hand over until every one has ended (see `run_split`); pass a
+    noted Ctrl-C on to them, once."""
     cluster = loop.cluster
     record = cluster._record
     stream, stats = record.steps, record.stats
-    assert stream is not None and stats is not None, "a split run streams"
     remote = [WorkerInstance(inst) for inst in cluster.instances]
-    stream.rebind(remote)
+    if stream is not None:
+        stream.rebind(remote)
+    else:  # NOTE: each instance's steps arrive as the run's own (`first_step` skipped there)
+        record.first_step = [0] * len(remote)
     workers = len(conns)
     progress = [loop.start] * workers  # each worker's busy instances' earliest clock
     left = set(range(workers))
-    interrupted = False
+    passed_on = False
     while left:
-        try:
-            if stream.held() > HOLD_STEPS:  # NOTE: the others wait until this one catches up
-                ready = [min(left, key=progress.__getitem__)]
-            else:
-                got = wait([conns[w] for w in left])
-                ready = [w for w in left if conns[w] in got]
-            with sigint_deferred():  # NOTE: a message is read and filed whole
-                for w in ready:
-                    try:
-                        msg = conns[w].recv()
-                    except EOFError:
-                        raise RuntimeError(
-                            f"simulation worker {w} (pid {pids[w]}) ended without handing over "
-                            f"its results ({_status(pids[w])})") from None
-                    if msg[0] == "error":
-                        raise msg[1]
-                    _, batch, now, ended, chunk, final = msg
-                    for index, steps, clock in batch:
-                        remote[index].handed(steps, clock)
-                    progress[w] = now
-                    stats.file_chunk(chunk)
-                    if ended:
-                        bar.update(ended)
-                    if final is not None:
-                        for index, counters, summary, clock in final:
-                            remote[index].ended(counters, summary, clock)
-                        left.discard(w)
-                    stream.take()
-        except KeyboardInterrupt:
-            if interrupted:
-                continue  # NOTE: once is enough: the workers are ending their runs
-            interrupted = True
+        if noted.seen and not passed_on:
+            passed_on = True
             for w in left:
                 _signal(pids[w], signal.SIGINT)
+        if stream is not None and stream.held() > HOLD_STEPS:
+            late = min(left, key=progress.__getitem__)  # NOTE: the others wait on their pipes
+            got = wait(noted.watched([conns[late]]), POLL_S)
+            ready = [late] if conns[late] in got else []
+        else:
+            got = wait(noted.watched([conns[w] for w in left]), POLL_S)
+            ready = [w for w in left if conns[w] in got]
+        for w in ready:
+            try:
+                msg = conns[w].recv()
+            except EOFError:
+                raise RuntimeError(
+                    f"simulation worker {w} (pid {pids[w]}) ended without handing over its "
+                    f"results ({_status(pids[w])})") from None
+            kind = msg[0]
+            if kind == "steps":  # streaming: records, clocks, stats filed
+                _, batch, now, ended, chunk = msg
+                for index, steps, clock in batch:
+                    remote[index].handed(_unpack_steps(steps), clock)
+                progress[w] = now
+                assert stats is not None and stream is not None
+                stats.file_chunk(chunk)
+                stream.take()
+            elif kind == "progress":
+                ended = msg[1]
+            elif kind == "requests":  # detailed: requests that ended
+                record.routed.update((k, _unpack_request(r)) for k, r in msg[1])
+                ended = 0
+            elif kind == "instance_steps":  # detailed: an instance's steps
+                remote[msg[1]].step_stats = _unpack_steps(msg[2])
+                ended = 0
+            elif kind == "final":
+                for index, counters, summary, clock in msg[1]:
+                    remote[index].ended(counters, summary, clock)
+                ended = msg[2]
+                left.discard(w)
+                if stream is not None:
+                    stream.take()
+            else:  # "error"
+                raise msg[1]
+            if ended:
+                bar.update(ended)
     for r in remote:
         r.settle()
     cluster.instances = cast("list[Instance]", remote)
     cluster.entry = cluster.instances
-    if interrupted:
-        raise KeyboardInterrupt
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -283,9 +362,10 @@ def _status(pid: int) -> str:
 
 # ---- a worker ------------------------------------------------------------------------------
 def _work(loop: RunLoop, w: int, workers: int, routes: Sequence[int],
-          ids: Sequence[int] | None, conn: Connection) -> int:  # pragma: no cover
-    """Worker `w`'s run: the instances `i % workers == w` and the releases routed there.
-    Returns the exit status."""
+          ids: Sequence[int] | None, conn: Connection,
+          noted: _Noted) -> int:  # pragma: no cover
+    """Worker `w`'s run: the instances `i % workers == w` and the releases routed there; a
+    Ctrl-C passed on (`noted`) ends it at the loop's next event. Returns the exit status."""
     try:
         os.setpgid(0, 0)  # NOTE: a Ctrl-C reaches the run's process alone, which passes it on
     except OSError:
@@ -300,21 +380,40 @@ def _work(loop: RunLoop, w: int, workers: int, routes: Sequence[int],
         cluster.router = _Pinned([routes[p] for p in mine], len(cluster.entry))
         if ids is not None:
             cluster._ids = iter([ids[p] for p in mine])
+        noted.hit = noted.seen = False
+        if noted.wakeup >= 0:  # NOTE: the run's process's pipe: its signals only
+            signal.set_wakeup_fd(-1)
+        loop.interrupt = noted  # type: ignore[assignment]
         record = cluster._record
-        stats = _WorkerStats(record.start)
-        record.stats = stats
-        counted = _Counted()
-        steps = _WorkerSteps(loop, owned, record.first_step, conn, stats, counted)
-        record.steps = steps  # type: ignore[assignment]
+        counted = _Counted(conn, record.steps is None)
+        steps = sink = None
+        if record.steps is not None:  # streaming: hand over as the run goes
+            stats = _WorkerStats(record.start)
+            record.stats = stats
+            steps = _WorkerSteps(loop, owned, record.first_step, conn, stats, counted)
+            record.steps = steps  # type: ignore[assignment]
+        else:  # NOTE: detailed: each request handed over once it ended, as streaming files it
+            sink = _RequestSink(conn)
+            record.stats = sink  # type: ignore[assignment]
+            loop.stream = True
         try:
             loop.run(counted)
         except KeyboardInterrupt:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            cluster.interrupt()  # NOTE: ends what is in flight, files it, takes the last steps
+            cluster.interrupt()  # NOTE: ends what is in flight (streaming: files it)
         else:
-            cluster.result()  # NOTE: takes the last steps
-        steps.send([(inst.index, inst.engine.counters(), inst.summary(), inst.now())
-                    for inst in owned])
+            if steps is not None:
+                steps.take()  # NOTE: the last records
+        if sink is not None:  # detailed: the last requests, then each instance's steps
+            for k in sorted(record.routed):  # NOTE: what is left after a Ctrl-C
+                sink.add(k, record.routed.pop(k))
+            sink.flush()
+            for inst in owned:
+                skip = record.first_step[inst.index] if record.first_step else 0
+                conn.send(("instance_steps", inst.index,
+                           _pack_steps(inst.engine.step_stats[skip:])))
+        conn.send(("final", [(inst.index, inst.engine.counters(), inst.summary(), inst.now())
+                             for inst in owned], counted.take()))
         return 0
     except BaseException as e:  # noqa: BLE001 (handed to the run's process, which raises it)
         try:
@@ -368,14 +467,41 @@ class _WorkerStats(RequestStats):
         return chunk
 
 
-class _Counted:
-    """A worker's progress bar: the requests ended since the last hand-over."""
+class _RequestSink:
+    """A detailed run's worker: its requests, each packed once it ended for good (where a
+    streaming run files its stats, `RunRecord.retire`) and handed over `HAND_REQUESTS` at a
+    time, so that the run's process rebuilds them while the workers run."""
 
-    def __init__(self) -> None:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._packed: list[tuple[int, tuple]] = []
+
+    def add(self, k: int, r: Request) -> None:
+        self._packed.append((k, _pack_request(r)))
+        if len(self._packed) >= HAND_REQUESTS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._packed:
+            with sigint_deferred():
+                self.conn.send(("requests", self._packed))
+                self._packed = []
+
+
+class _Counted:
+    """A worker's progress bar: the requests ended since the last hand-over (`tell`: sent
+    every `PROGRESS_REQUESTS` of them, where no step records carry the count)."""
+
+    def __init__(self, conn: Connection, tell: bool) -> None:
+        self.conn = conn
+        self.tell = tell
         self.count = 0
 
     def update(self, n: int) -> None:
         self.count += n
+        if self.tell and self.count >= PROGRESS_REQUESTS:
+            with sigint_deferred():
+                self.conn.send(("progress", self.take()))
 
     def take(self) -> int:
         n, self.count = self.count, 0
@@ -404,12 +530,8 @@ class _WorkerSteps:
             self.take()
 
     def take(self, final: bool = False) -> None:
-        del final  # NOTE: the last records go with `send`'s message
-        self.send(None)
-
-    def send(self, final: list | None) -> None:
-        """Hand over the records, the clocks and the stats; `final`: each instance's counters,
-        summary and clock once the run ended. Changes state."""
+        """Hand over the records, the clocks and the stats filed since. Changes state."""
+        del final  # NOTE: the run's process knows the end from the "final" message
         with sigint_deferred():
             self._steps = 0
             batch = []
@@ -422,8 +544,66 @@ class _WorkerSteps:
                     if skip:
                         del got[:skip]
                         self._skip[inst.index] = 0
-                batch.append((inst.index, got, inst.now()))
+                batch.append((inst.index, _pack_steps(got), inst.now()))
             busy = [inst.now() for inst in self.owned if inst.is_busy()]
             now = min(busy) if busy else self.loop.next_release()
-            self.conn.send(("steps", batch, now, self.counted.take(), self.stats.take(),
-                            final))
+            self.conn.send(("steps", batch, now, self.counted.take(), self.stats.take()))
+
+
+# ---- what crosses the pipes, packed --------------------------------------------------------
+# NOTE: a pickled slots dataclass is rebuilt by a Python-level `__setstate__` and a list of
+# ints item by item; a record as a tuple and a list of ints or floats as an `array` cross
+# ~10x cheaper (a long detailed run hands over ~100 M such items)
+_STEP_FIELDS = attrgetter(*StepStats.__slots__)
+_REQUEST_SLOTS: tuple[str, ...] = Request.__slots__
+_METRICS_SLOTS: tuple[str, ...] = RequestMetrics.__slots__
+_ID_LISTS = ("prompt_token_ids", "output_token_ids")
+
+
+def _pack_steps(steps: list[StepStats]) -> list[tuple]:
+    return list(map(_STEP_FIELDS, steps))
+
+
+def _unpack_steps(rows: list[tuple]) -> list[StepStats]:
+    return list(starmap(StepStats, rows))
+
+
+def _packed(values: list, typecode: str) -> object:
+    """`values` as an array of `typecode` when every entry fits one (a list otherwise)."""
+    if not isinstance(values, list):
+        return values
+    try:
+        return array(typecode, values)
+    except (TypeError, OverflowError):
+        return values
+
+
+def _unpacked(values: object) -> object:
+    return values.tolist() if type(values) is array else values
+
+
+def _pack_request(r: Request) -> tuple:
+    out = []
+    for name in _REQUEST_SLOTS:
+        v = getattr(r, name)
+        if name in _ID_LISTS:
+            v = _packed(v, "q")
+        elif name == "metrics":
+            v = tuple(_packed(getattr(v, m), "d") if m == "token_times" else getattr(v, m)
+                      for m in _METRICS_SLOTS)
+        out.append(v)
+    return tuple(out)
+
+
+def _unpack_request(values: tuple) -> Request:
+    r = Request.__new__(Request)
+    for name, v in zip(_REQUEST_SLOTS, values, strict=True):
+        if name in _ID_LISTS:
+            v = _unpacked(v)
+        elif name == "metrics":
+            m = RequestMetrics.__new__(RequestMetrics)
+            for field, x in zip(_METRICS_SLOTS, v, strict=True):
+                setattr(m, field, _unpacked(x) if field == "token_times" else x)
+            v = m
+        setattr(r, name, v)
+    return r
