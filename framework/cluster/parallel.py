@@ -41,11 +41,14 @@ from multiprocessing.connection import Connection, Pipe, wait
 from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
+
 from schedlab.clock import VirtualClock
 from schedlab.cluster.instance import Instance, InstanceSummary, Role
 from schedlab.cluster.record import DRAIN_STEPS
 from schedlab.cluster.router import InstanceLoad, Router
 from schedlab.request import Request, RequestMetrics
+from schedlab.runs.distributions import token_ints
 from schedlab.runs.interrupt import sigint_deferred
 from schedlab.runs.request_stats import FiledChunk, RequestStats
 from schedlab.stats import EngineCounters, StepStats, StepTotals
@@ -279,6 +282,7 @@ def _merge(loop: RunLoop, conns: list[Connection], pids: list[int], bar,
     progress = [loop.start] * workers  # each worker's busy instances' earliest clock
     left = set(range(workers))
     passed_on = False
+    shared: np.ndarray | None = None  # a detailed run's token ids, as the workload's
     while left:
         if noted.seen and not passed_on:
             passed_on = True
@@ -310,7 +314,9 @@ def _merge(loop: RunLoop, conns: list[Connection], pids: list[int], bar,
             elif kind == "progress":
                 ended = msg[1]
             elif kind == "requests":  # detailed: requests that ended
-                record.routed.update((k, _unpack_request(r)) for k, r in msg[1])
+                if shared is None:
+                    shared = token_ints(cluster.instances[0].engine.model_spec.vocab_size)
+                record.routed.update((k, _unpack_request(r, shared)) for k, r in msg[1])
                 ended = 0
             elif kind == "instance_steps":  # detailed: an instance's steps
                 remote[msg[1]].step_stats = _unpack_steps(msg[2])
@@ -582,6 +588,17 @@ def _unpacked(values: object) -> object:
     return values.tolist() if type(values) is array else values
 
 
+def _unpacked_ids(values: object, shared: np.ndarray) -> object:
+    """Token ids packed by `_packed`, as a list of the `shared` int objects where they lie
+    in its range (as a workload's prompts hold them: 8 bytes a token), else of their own."""
+    if type(values) is not array:
+        return values
+    ids = np.frombuffer(values, np.int64)
+    if len(ids) and 0 <= int(ids.min()) and int(ids.max()) < len(shared):
+        return shared[ids].tolist()
+    return values.tolist()
+
+
 def _pack_request(r: Request) -> tuple:
     out = []
     for name in _REQUEST_SLOTS:
@@ -595,11 +612,12 @@ def _pack_request(r: Request) -> tuple:
     return tuple(out)
 
 
-def _unpack_request(values: tuple) -> Request:
+def _unpack_request(values: tuple, shared: np.ndarray) -> Request:
+    """The request `_pack_request` packed, its token ids `shared` int objects where it can."""
     r = Request.__new__(Request)
     for name, v in zip(_REQUEST_SLOTS, values, strict=True):
         if name in _ID_LISTS:
-            v = _unpacked(v)
+            v = _unpacked_ids(v, shared)
         elif name == "metrics":
             m = RequestMetrics.__new__(RequestMetrics)
             for field, x in zip(_METRICS_SLOTS, v, strict=True):
