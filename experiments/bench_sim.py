@@ -4,6 +4,8 @@
     .venv/bin/python experiments/bench_sim.py --skip-fidelity --profile   # speed + cProfile
     .venv/bin/python experiments/bench_sim.py --skip-fidelity --num-requests 100000 \
         --instances 8 --rate 320 --no-save-detailed     # a streaming cluster run, peak RSS
+    .venv/bin/python experiments/bench_sim.py --skip-fidelity --num-requests 100000 \
+        --instances 64 --rate 2560 --no-save-detailed --workers 2   # split over 2 processes
 
 Speed: 10,000 requests of Llama-3-8B on the H100 preset (target: under 30 s of wall time).
 Fidelity: calibrate the cost model on the real torch executor (small random model, CPU), then
@@ -34,7 +36,7 @@ SPEED_WORKLOAD = {
 
 
 def bench_speed(num_requests: int, profile: bool, instances: int = 1, rate: float | None = None,
-                save_detailed: bool = True, router: str = "round_robin") -> None:
+                save_detailed: bool = True, router: str = "round_robin", workers: int = 1) -> None:
     from schedlab.cluster import Cluster, ClusterConfig
 
     config = EngineConfig(model="llama3_8b", executor="sim", executor_options={"hardware": "h100"})
@@ -50,7 +52,7 @@ def bench_speed(num_requests: int, profile: bool, instances: int = 1, rate: floa
     t0, c0 = time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
-    run = run_workload(target, work, save_detailed=save_detailed)
+    run = run_workload(target, work, save_detailed=save_detailed, workers=workers)
     if prof:
         prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -63,7 +65,8 @@ def bench_speed(num_requests: int, profile: bool, instances: int = 1, rate: floa
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"== simulation speed: {num_requests} requests at {arrival['rate']} req/s, llama3_8b on "
-          f"{instances} x h100 (sim, router {router}), save_detailed={save_detailed} ==")
+          f"{instances} x h100 (sim, router {router}), save_detailed={save_detailed}, "
+          f"workers={workers} ==")
     print(f"peak RSS {rss:.0f} MB")
     print(f"workload built in {t_build:.2f} s; run in {wall:.2f} s wall "
           f"({'under' if wall < 30 else 'OVER'} the 30 s target), {cpu:.2f} s of CPU time "
@@ -114,6 +117,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the simulated run")
     ap.add_argument("--instances", type=int, default=1, help="replicas")
     ap.add_argument("--router", default="round_robin", help="the replicas' router")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes the replicas run in (run_workload's workers)")
     ap.add_argument("--rate", type=float, help="arrivals per second (default 25)")
     ap.add_argument("--no-save-detailed", action="store_true",
                     help="stream (driver.save_detailed=false): no per-request lists")
@@ -128,7 +133,7 @@ def main() -> None:
     args = ap.parse_args()
     if not args.skip_speed:
         bench_speed(args.num_requests, args.profile, args.instances, args.rate,
-                    not args.no_save_detailed, args.router)
+                    not args.no_save_detailed, args.router, args.workers)
     if not args.skip_fidelity:
         for clock in args.clock.split(","):
             bench_fidelity(args.hardware_profile, args.size, args.threads, clock)

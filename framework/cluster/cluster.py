@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 from schedlab import registry
@@ -139,6 +139,25 @@ class Cluster:
         """
         self._record = RunRecord.begin(self.instances, stream)
         return self._record.start
+
+    @property
+    def run_record(self) -> RunRecord:
+        """The current run's books (`begin_run` starts them): its start, the requests routed,
+        and streaming, the stats filed and the steps taken."""
+        return self._record
+
+    def take_ids(self, n: int) -> range:
+        """The ids the next `n` requests routed without one would get (the counter moves past
+        them). Changes state."""
+        first = next(self._ids)
+        self._ids = itertools.count(first + n)
+        return range(first, first + n)
+
+    def use_ids(self, ids: Iterable[int]) -> None:
+        """Number the next requests routed without an id from `ids`, in order, instead of the
+        counter (a split run's worker: the ids its requests get in one process). Changes
+        state."""
+        self._ids = iter(ids)
 
     def stream_steps(self, out: StepsOut) -> None:
         """Streaming: hand this run's step records to `out` as they are taken, a list at a

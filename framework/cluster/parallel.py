@@ -30,6 +30,7 @@ nothing an instance sees depends on the others.
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import pickle
 import signal
@@ -37,7 +38,8 @@ import threading
 from array import array
 from collections.abc import Sequence
 from itertools import starmap
-from multiprocessing.connection import Connection, Pipe, wait
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
@@ -61,6 +63,8 @@ if TYPE_CHECKING:
 #: records held while one worker runs ahead of another
 HOLD_STEPS = 16 * DRAIN_STEPS
 
+#: seconds the run's process waits for a worker that should be ending to end
+REAP_S = 5.0
 #: seconds the run's process waits for a message before it looks for a Ctrl-C again
 POLL_S = 0.1
 #: a detailed run's requests per message from a worker (the pickle of one message is held
@@ -116,10 +120,10 @@ def run_split(loop: RunLoop, workers: int, bar) -> None:
     assert routes is not None, "split_refusal() first"
     ids: Sequence[int] | None = None
     if loop.ids is None:  # NOTE: the ids the cluster's counter would give, in routing order
-        base = next(cluster._ids)
-        ids = range(base, base + len(routes))
+        ids = cluster.take_ids(len(routes))
     conns: list[Connection] = []
-    pids: list[int] = []
+    procs: list[BaseProcess] = []
+    fork = multiprocessing.get_context("fork")
     # NOTE: a Ctrl-C is noted, not raised, from before the first fork to the end: the
     # workers stop between two events (their loop checks the note), and this process goes on
     # taking what they hand over; a KeyboardInterrupt raised half way through either would
@@ -138,29 +142,23 @@ def run_split(loop: RunLoop, workers: int, bar) -> None:
         old_wakeup = signal.set_wakeup_fd(wakeup)
     try:
         for w in range(workers):
-            recv, send = Pipe(duplex=False)
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover (the worker; its coverage is not collected)
-                code = 1
-                try:
-                    recv.close()
-                    for c in conns:
-                        c.close()
-                    code = _work(loop, w, workers, routes, ids, send, noted)
-                finally:
-                    os._exit(code)
+            recv, send = fork.Pipe(duplex=False)
+            proc = fork.Process(target=_worker, name=f"schedlab-worker-{w}", daemon=True,
+                                args=(loop, w, workers, routes, ids, send, noted,
+                                      [*conns, recv]))
+            proc.start()
             send.close()
             conns.append(recv)
-            pids.append(pid)
-        _merge(loop, conns, pids, bar, noted)
+            procs.append(proc)
+        _merge(loop, conns, procs, bar, noted)
     finally:
         if watch:
             signal.set_wakeup_fd(old_wakeup)
             signal.signal(signal.SIGINT, old)
             os.close(noted.wakeup)
             os.close(wakeup)
-        for pid in pids:
-            _reap(pid)
+        for worker in procs:
+            _reap(worker)
         for c in conns:
             c.close()
     if noted.seen:
@@ -266,12 +264,12 @@ class WorkerInstance:
 
 
 # ---- the run's process -------------------------------------------------------------------
-def _merge(loop: RunLoop, conns: list[Connection], pids: list[int], bar,
+def _merge(loop: RunLoop, conns: list[Connection], procs: list[BaseProcess], bar,
            noted: _Noted) -> None:
     """Take what the workers hand over until every one has ended (see `run_split`); pass a
     noted Ctrl-C on to them, once."""
     cluster = loop.cluster
-    record = cluster._record
+    record = cluster.run_record
     stream, stats = record.steps, record.stats
     remote = [WorkerInstance(inst) for inst in cluster.instances]
     if stream is not None:
@@ -287,7 +285,7 @@ def _merge(loop: RunLoop, conns: list[Connection], pids: list[int], bar,
         if noted.seen and not passed_on:
             passed_on = True
             for w in left:
-                _signal(pids[w], signal.SIGINT)
+                _signal(procs[w], signal.SIGINT)
         if stream is not None and stream.held() > HOLD_STEPS:
             late = min(left, key=progress.__getitem__)  # NOTE: the others wait on their pipes
             got = wait(noted.watched([conns[late]]), POLL_S)
@@ -300,8 +298,8 @@ def _merge(loop: RunLoop, conns: list[Connection], pids: list[int], bar,
                 msg = conns[w].recv()
             except EOFError:
                 raise RuntimeError(
-                    f"simulation worker {w} (pid {pids[w]}) ended without handing over its "
-                    f"results ({_status(pids[w])})") from None
+                    f"simulation worker {w} (pid {procs[w].pid}) ended without handing over "
+                    f"its results ({_status(procs[w])})") from None
             kind = msg[0]
             if kind == "steps":  # streaming: records, clocks, stats filed
                 _, batch, now, ended, chunk = msg
@@ -338,35 +336,44 @@ def _merge(loop: RunLoop, conns: list[Connection], pids: list[int], bar,
     cluster.entry = cluster.instances
 
 
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
+def _signal(proc: BaseProcess, sig: int) -> None:
+    if proc.pid is not None and proc.exitcode is None:
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
 
-def _reap(pid: int) -> None:
+def _reap(proc: BaseProcess) -> None:
     """Wait for a worker, killing it if it has not ended (the run failed)."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == 0:
-            _signal(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
+    proc.join(REAP_S)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join()
 
 
-def _status(pid: int) -> str:
-    try:
-        done, status = os.waitpid(pid, 0)
-    except ChildProcessError:
-        return "its exit status is unknown"
-    if os.WIFSIGNALED(status):
-        return f"killed by signal {os.WTERMSIG(status)}"
-    return f"exit status {os.WEXITSTATUS(status)}"
+def _status(proc: BaseProcess) -> str:
+    proc.join(REAP_S)
+    code = proc.exitcode
+    if code is None:
+        return "it has not exited"
+    if code < 0:
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
 
 
 # ---- a worker ------------------------------------------------------------------------------
+def _worker(loop: RunLoop, w: int, workers: int, routes: Sequence[int],
+            ids: Sequence[int] | None, conn: Connection, noted: _Noted,
+            inherited: list[Connection]) -> None:  # pragma: no cover
+    """A worker process's target: the other workers' pipes closed, then `_work`."""
+    for c in inherited:
+        c.close()
+    code = _work(loop, w, workers, routes, ids, conn, noted)
+    if code:
+        raise SystemExit(code)
+
+
 def _work(loop: RunLoop, w: int, workers: int, routes: Sequence[int],
           ids: Sequence[int] | None, conn: Connection,
           noted: _Noted) -> int:  # pragma: no cover
@@ -385,12 +392,12 @@ def _work(loop: RunLoop, w: int, workers: int, routes: Sequence[int],
         loop.arrival_index = array("q", [loop.arrival_index[p] for p in mine])
         cluster.router = _Pinned([routes[p] for p in mine], len(cluster.entry))
         if ids is not None:
-            cluster._ids = iter([ids[p] for p in mine])
+            cluster.use_ids([ids[p] for p in mine])
         noted.hit = noted.seen = False
         if noted.wakeup >= 0:  # NOTE: the run's process's pipe: its signals only
             signal.set_wakeup_fd(-1)
         loop.interrupt = noted  # type: ignore[assignment]
-        record = cluster._record
+        record = cluster.run_record
         counted = _Counted(conn, record.steps is None)
         steps = sink = None
         if record.steps is not None:  # streaming: hand over as the run goes
