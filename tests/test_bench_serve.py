@@ -95,3 +95,11 @@ def test_bench_refuses_the_streaming_mode_with_one_line(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("schedlab: error: driver.save_detailed=false is for `schedlab run`")
+
+
+def test_bench_refuses_workers_with_one_line(tmp_path, capsys):
+    rc = main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--vocab-size", "1000",
+               "driver.workers=2", "logger=none", f"hydra.run.dir={tmp_path / 'r'}"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("schedlab: error: driver.workers=2 is for `schedlab run`")

@@ -208,6 +208,10 @@ def _serve_task(cfg: DictConfig, opts) -> None:
 
     try:
         s = build_settings(cfg)
+        if s.workers != 1:
+            raise ConfigError(f"driver.workers={s.workers} is for `schedlab run` (a simulated "
+                              "cluster split over processes); `schedlab serve` runs one engine "
+                              "in this process: drop the key")
         seed_everything(s.seed)
         s.model.prepare()
         try:
@@ -258,6 +262,10 @@ def _bench(s: RunSettings, a: _BenchArgs) -> None:
         raise ConfigError("driver.save_detailed=false is for `schedlab run` (a simulated or "
                           "real engine in this process); `schedlab bench serve` keeps every "
                           "request's record: drop the key")
+    if s.workers != 1:
+        raise ConfigError(f"driver.workers={s.workers} is for `schedlab run` (a simulated "
+                          "cluster split over processes); `schedlab bench serve` measures a "
+                          "server over HTTP: drop the key")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     vocab = a.vocab_size
     if vocab is None:
