@@ -89,17 +89,11 @@ def test_bench_needs_a_base_url(capsys):
     assert "--base-url" in capsys.readouterr().err
 
 
-def test_bench_refuses_the_streaming_mode_with_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("key", ["driver.save_detailed=false", "driver.workers=2"])
+def test_bench_refuses_schedlab_run_keys_with_one_line(tmp_path, capsys, key):
+    """The streaming mode and a split run are `schedlab run`'s: refused, never ignored."""
     rc = main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--vocab-size", "1000",
-               "driver.save_detailed=false", "logger=none", f"hydra.run.dir={tmp_path / 'r'}"])
+               key, "logger=none", f"hydra.run.dir={tmp_path / 'r'}"])
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("schedlab: error: driver.save_detailed=false is for `schedlab run`")
-
-
-def test_bench_refuses_workers_with_one_line(tmp_path, capsys):
-    rc = main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--vocab-size", "1000",
-               "driver.workers=2", "logger=none", f"hydra.run.dir={tmp_path / 'r'}"])
-    assert rc == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("schedlab: error: driver.workers=2 is for `schedlab run`")
+    assert err[-1].startswith(f"schedlab: error: {key} is for `schedlab run`")

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from dataclasses import astuple
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -22,6 +24,9 @@ from schedlab.runs.interrupt import InterruptLatch
 from schedlab.runs.metrics import compute_metrics
 from schedlab.runs.request_stats import COMPLETED, FAILED, RequestStats
 from schedlab.stats import STEP_PHASES, StepStats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+import same_run  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="a split run forks")
 
@@ -210,6 +215,12 @@ def test_schedlab_run_with_workers_writes_the_one_process_results(tmp_path, deta
     one, one_rows = run(tmp_path / "one")
     two, two_rows = run(tmp_path / "two", "driver.workers=2")
     assert two["config"]["driver"]["workers"] == 2
+    # experiments/same_run.py, the check of the figures in experiments/results/sim_speed.md
+    assert same_run.differences(tmp_path / "one", tmp_path / "two") == ([], 0,
+                                                                        len(one_rows) - 1)
+    other, _ = run(tmp_path / "other", "driver.workers=2", "seed=1")
+    keys, bad, _ = same_run.differences(tmp_path / "one", tmp_path / "other")
+    assert "completed" not in keys and "mean_ttft_ms" in keys and bad > 0
     for key in ("completed", "p99_ttft_ms", "mean_tpot_ms", "p50_itl_ms", "output_throughput",
                 "duration", "cluster", "ttfts", "itls", "errors"):
         assert two.get(key) == one.get(key), key

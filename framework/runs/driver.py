@@ -67,10 +67,10 @@ def run_workload(
             and they are not kept: `RunResult.step_totals` has what the engine metrics read
             (a cluster's `interrupt()` hands on the rest).
         workers: simulate the cluster's instances in this many processes forked from this
-            one (`schedlab.cluster.parallel`): the same run, every number equal, for a
-            streaming run of simulated instances behind a router whose choices depend on
-            the order alone (round robin), without `max_concurrency` or sessions; the
-            cluster runs nothing more afterwards.
+            one (`schedlab.cluster.parallel`): the same run, every number equal, for
+            simulated instances behind a router whose choices depend on the order alone
+            (round robin), without `max_concurrency` or sessions; the cluster runs nothing
+            more afterwards.
 
     Returns:
         The run: every request finished or rejected, in workload order, with its timestamps
