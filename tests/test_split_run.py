@@ -73,6 +73,14 @@ def test_a_split_run_gives_what_one_process_gives(kind, workers, engine, detaile
     assert ("ttfts" in one[0]) is detailed
 
 
+def test_a_cluster_that_ran_split_refuses_another_run_with_a_sentence():
+    cluster = Cluster(ClusterConfig(num_instances=2), sim())
+    wl = workload("synthetic")
+    run_workload(cluster, wl, save_detailed=False, workers=2)
+    with pytest.raises(RuntimeError, match="ran in a worker process of a split run"):
+        run_workload(cluster, wl, save_detailed=False)
+
+
 def test_a_split_run_of_many_steps_holds_the_order_across_hand_overs(monkeypatch):
     """Steps handed over every 16 steps, workers far apart in simulated time: the merge
     still gives the one-process order (and the cluster-wide KV series its metrics read)."""

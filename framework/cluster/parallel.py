@@ -259,8 +259,18 @@ class WorkerInstance:
 
     def load(self, cached_prefix_tokens: int = 0) -> InstanceLoad:
         del cached_prefix_tokens
-        raise RuntimeError(f"instance {self.index} ran in a worker process; the cluster runs "
-                           "nothing more after a split run")
+        raise self._spent()
+
+    def add(self, *args: object) -> Request:
+        del args
+        raise self._spent()
+
+    def step(self) -> None:
+        raise self._spent()
+
+    def _spent(self) -> RuntimeError:
+        return RuntimeError(f"instance {self.index} ran in a worker process of a split run "
+                            "(workers > 1); that cluster runs nothing more: build a new one")
 
 
 # ---- the run's process -------------------------------------------------------------------
