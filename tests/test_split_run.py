@@ -59,6 +59,7 @@ def _run(wl, workers: int, n: int = 4, detailed: bool = False, **engine):
     ("shared_prefix", 2, {"num_kv_blocks": 24, "scheduler": "chunked_prefill",
                           "max_num_batched_tokens": 64}),  # preemptions, prefix hits
     ("azure", 4, {}),
+    ("synthetic", 2, {"max_model_len": 48}),  # prompts of 16-64: some rejected on arrival
 ])
 def test_a_split_run_gives_what_one_process_gives(kind, workers, engine, detailed):
     wl = workload(kind)
@@ -68,7 +69,9 @@ def test_a_split_run_gives_what_one_process_gives(kind, workers, engine, detaile
     assert split[1] == one[1]  # every step, in the run's order
     assert split[2] == one[2]  # each instance's summary
     assert split[3] == one[3]  # detailed: each request, its ids, tokens and timestamps
-    assert one[0]["completed"] == len(wl) and len(one[1]) > len(wl)
+    rejected = one[0]["num_rejected"]
+    assert one[0]["completed"] + rejected == len(wl) and len(one[1]) > len(wl) - rejected
+    assert (rejected > 0) is ("max_model_len" in engine)
     assert len(one[3]) == (len(wl) if detailed else 0)
     assert ("ttfts" in one[0]) is detailed
 
