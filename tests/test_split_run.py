@@ -89,10 +89,15 @@ def test_a_split_run_of_many_steps_holds_the_order_across_hand_overs(monkeypatch
     still gives the one-process order (and the cluster-wide KV series its metrics read)."""
     import schedlab.cluster.parallel as parallel
     import schedlab.cluster.record as record
+    import schedlab.cluster.split_worker as split_worker
 
     monkeypatch.setattr(record, "DRAIN_STEPS", 16)
-    monkeypatch.setattr(parallel, "DRAIN_STEPS", 16)
+    monkeypatch.setattr(split_worker, "DRAIN_STEPS", 16)
     monkeypatch.setattr(parallel, "HOLD_STEPS", 32)
+    handed = []
+    real = parallel.unpack_steps
+    monkeypatch.setattr(parallel, "unpack_steps", lambda rows: handed.append(len(rows))
+                        or real(rows))
     spec = {**WORKLOADS["synthetic"], "num_requests": 120, "arrival": {"process": "poisson",
                                                                        "rate": 200.0}}
     from schedlab.runs.workload import build_workload
@@ -100,6 +105,7 @@ def test_a_split_run_of_many_steps_holds_the_order_across_hand_overs(monkeypatch
     wl = build_workload(spec, 128_256, seed=3)
     one, split = _run(wl, 1, n=5), _run(wl, 2, n=5)
     assert split == one
+    assert len(handed) > 20 and max(handed) <= 16  # many hand-overs, of 16 steps or fewer
     assert one[0]["peak_kv_used_blocks"] > 0
 
 

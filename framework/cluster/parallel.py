@@ -29,18 +29,13 @@ nothing an instance sees depends on the others.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
-import pickle
 import signal
 import threading
-from array import array
 from collections.abc import Sequence
-from itertools import starmap
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -48,12 +43,12 @@ import numpy as np
 from schedlab.clock import VirtualClock
 from schedlab.cluster.instance import Instance, InstanceSummary, Role
 from schedlab.cluster.record import DRAIN_STEPS
-from schedlab.cluster.router import InstanceLoad, Router
-from schedlab.request import Request, RequestMetrics
+from schedlab.cluster.router import InstanceLoad
+from schedlab.cluster.split_pack import unpack_request, unpack_steps
+from schedlab.cluster.split_worker import Noted, worker_main
+from schedlab.request import Request
 from schedlab.runs.distributions import token_ints
-from schedlab.runs.interrupt import sigint_deferred
-from schedlab.runs.request_stats import FiledChunk, RequestStats
-from schedlab.stats import EngineCounters, StepStats, StepTotals
+from schedlab.stats import EngineCounters, StepStats
 
 if TYPE_CHECKING:
     from schedlab.cluster.loop import RunLoop
@@ -67,11 +62,6 @@ HOLD_STEPS = 16 * DRAIN_STEPS
 REAP_S = 5.0
 #: seconds the run's process waits for a message before it looks for a Ctrl-C again
 POLL_S = 0.1
-#: a detailed run's requests per message from a worker (the pickle of one message is held
-#: whole on both sides)
-HAND_REQUESTS = 2048
-#: a detailed run's worker tells the run's process every this many ended requests (the bar)
-PROGRESS_REQUESTS = 256
 
 _INF = float("inf")
 
@@ -128,7 +118,7 @@ def run_split(loop: RunLoop, workers: int, bar) -> None:
     # workers stop between two events (their loop checks the note), and this process goes on
     # taking what they hand over; a KeyboardInterrupt raised half way through either would
     # leave a request or a message half done
-    noted = _Noted()
+    noted = Noted()
     old = signal.getsignal(signal.SIGINT)
     watch = (threading.current_thread() is threading.main_thread()
              and old not in (signal.SIG_IGN, None))
@@ -143,7 +133,7 @@ def run_split(loop: RunLoop, workers: int, bar) -> None:
     try:
         for w in range(workers):
             recv, send = fork.Pipe(duplex=False)
-            proc = fork.Process(target=_worker, name=f"schedlab-worker-{w}", daemon=True,
+            proc = fork.Process(target=worker_main, name=f"schedlab-worker-{w}", daemon=True,
                                 args=(loop, w, workers, routes, ids, send, noted,
                                       [*conns, recv]))
             proc.start()
@@ -163,38 +153,6 @@ def run_split(loop: RunLoop, workers: int, bar) -> None:
             c.close()
     if noted.seen:
         raise KeyboardInterrupt
-
-
-class _Noted:
-    """A Ctrl-C noted, not raised (`handle` is the SIGINT handler): the run loop's interrupt
-    latch in a worker (`RunLoop.interrupt`: `check` raises at the loop's next event)."""
-
-    def __init__(self) -> None:
-        self.hit = False
-        #: whether one came at all (`hit` is reset by `check`)
-        self.seen = False
-        #: the run's process: the read end of its signal wake-up pipe (-1: none)
-        self.wakeup = -1
-
-    def handle(self, signum: int, frame: object) -> None:  # noqa: ARG002
-        self.hit = self.seen = True
-
-    def watched(self, conns: list[Connection]) -> list:
-        """`conns` and the wake-up pipe, for `wait` (emptied first). No state change but the
-        pipe's."""
-        if self.wakeup < 0:
-            return list(conns)
-        try:
-            while os.read(self.wakeup, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        return [*conns, self.wakeup]
-
-    def check(self) -> None:
-        if self.hit:
-            self.hit = False
-            raise KeyboardInterrupt
 
 
 class WorkerInstance:
@@ -275,7 +233,7 @@ class WorkerInstance:
 
 # ---- the run's process -------------------------------------------------------------------
 def _merge(loop: RunLoop, conns: list[Connection], procs: list[BaseProcess], bar,
-           noted: _Noted) -> None:
+           noted: Noted) -> None:
     """Take what the workers hand over until every one has ended (see `run_split`); pass a
     noted Ctrl-C on to them, once."""
     cluster = loop.cluster
@@ -314,7 +272,7 @@ def _merge(loop: RunLoop, conns: list[Connection], procs: list[BaseProcess], bar
             if kind == "steps":  # streaming: records, clocks, stats filed
                 _, batch, now, ended, chunk = msg
                 for index, steps, clock in batch:
-                    remote[index].handed(_unpack_steps(steps), clock)
+                    remote[index].handed(unpack_steps(steps), clock)
                 progress[w] = now
                 assert stats is not None and stream is not None
                 stats.file_chunk(chunk)
@@ -324,10 +282,10 @@ def _merge(loop: RunLoop, conns: list[Connection], procs: list[BaseProcess], bar
             elif kind == "requests":  # detailed: requests that ended
                 if shared is None:
                     shared = token_ints(cluster.instances[0].engine.model_spec.vocab_size)
-                record.routed.update((k, _unpack_request(r, shared)) for k, r in msg[1])
+                record.routed.update((k, unpack_request(r, shared)) for k, r in msg[1])
                 ended = 0
             elif kind == "instance_steps":  # detailed: an instance's steps
-                remote[msg[1]].step_stats = _unpack_steps(msg[2])
+                remote[msg[1]].step_stats = unpack_steps(msg[2])
                 ended = 0
             elif kind == "final":
                 for index, counters, summary, clock in msg[1]:
@@ -370,275 +328,3 @@ def _status(proc: BaseProcess) -> str:
     if code < 0:
         return f"killed by signal {-code}"
     return f"exit status {code}"
-
-
-# ---- a worker ------------------------------------------------------------------------------
-def _worker(loop: RunLoop, w: int, workers: int, routes: Sequence[int],
-            ids: Sequence[int] | None, conn: Connection, noted: _Noted,
-            inherited: list[Connection]) -> None:  # pragma: no cover
-    """A worker process's target: the other workers' pipes closed, then `_work`."""
-    for c in inherited:
-        c.close()
-    code = _work(loop, w, workers, routes, ids, conn, noted)
-    if code:
-        raise SystemExit(code)
-
-
-def _work(loop: RunLoop, w: int, workers: int, routes: Sequence[int],
-          ids: Sequence[int] | None, conn: Connection,
-          noted: _Noted) -> int:  # pragma: no cover
-    """Worker `w`'s run: the instances `i % workers == w` and the releases routed there; a
-    Ctrl-C passed on (`noted`) ends it at the loop's next event. Returns the exit status."""
-    try:
-        os.setpgid(0, 0)  # NOTE: a Ctrl-C reaches the run's process alone, which passes it on
-    except OSError:
-        pass
-    gc.freeze()  # NOTE: what was built before the fork is not the collector's to walk
-    try:
-        cluster = loop.cluster
-        owned = [inst for inst in cluster.instances if inst.index % workers == w]
-        mine = [p for p, j in enumerate(routes) if j % workers == w]
-        loop.arrival_times = [loop.arrival_times[p] for p in mine]
-        loop.arrival_index = array("q", [loop.arrival_index[p] for p in mine])
-        cluster.router = _Pinned([routes[p] for p in mine], len(cluster.entry))
-        if ids is not None:
-            cluster.use_ids([ids[p] for p in mine])
-        noted.hit = noted.seen = False
-        if noted.wakeup >= 0:  # NOTE: the run's process's pipe: its signals only
-            signal.set_wakeup_fd(-1)
-        loop.interrupt = noted  # type: ignore[assignment]
-        record = cluster.run_record
-        counted = _Counted(conn, record.steps is None)
-        steps = sink = None
-        if record.steps is not None:  # streaming: hand over as the run goes
-            stats = _WorkerStats(record.start)
-            record.stats = stats
-            steps = _WorkerSteps(loop, owned, record.first_step, conn, stats, counted)
-            record.steps = steps  # type: ignore[assignment]
-        else:  # NOTE: detailed: each request handed over once it ended, as streaming files it
-            sink = _RequestSink(conn)
-            record.stats = sink  # type: ignore[assignment]
-            loop.stream = True
-        try:
-            loop.run(counted)
-        except KeyboardInterrupt:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            cluster.interrupt()  # NOTE: ends what is in flight (streaming: files it)
-        else:
-            if steps is not None:
-                steps.take()  # NOTE: the last records
-        if sink is not None:  # detailed: the last requests, then each instance's steps
-            for k in sorted(record.routed):  # NOTE: what is left after a Ctrl-C
-                sink.add(k, record.routed.pop(k))
-            sink.flush()
-            for inst in owned:
-                skip = record.first_step[inst.index] if record.first_step else 0
-                conn.send(("instance_steps", inst.index,
-                           _pack_steps(inst.engine.step_stats[skip:])))
-        conn.send(("final", [(inst.index, inst.engine.counters(), inst.summary(), inst.now())
-                             for inst in owned], counted.take()))
-        return 0
-    except BaseException as e:  # noqa: BLE001 (handed to the run's process, which raises it)
-        try:
-            conn.send(("error", _portable(e)))
-        except BaseException:  # noqa: BLE001, S110 (the run's process reports the exit)
-            pass
-        return 1
-
-
-def _portable(e: BaseException) -> BaseException:
-    """`e` if it pickles (and unpickles), else a RuntimeError with its type and message."""
-    try:
-        back = pickle.loads(pickle.dumps(e))
-    except Exception:  # noqa: BLE001
-        back = None
-    if isinstance(back, BaseException) and str(back) == str(e):
-        return back
-    return RuntimeError(f"{type(e).__name__}: {e}")
-
-
-class _Pinned(Router):
-    """A worker's router: the choices the cluster's router made up front, in order."""
-
-    def __init__(self, routes: list[int], num_instances: int) -> None:
-        super().__init__()
-        self._routes = iter(routes)
-        self.bind(num_instances)
-
-    def select(self, request: Request, loads: Sequence[InstanceLoad]) -> int:
-        return next(self._routes)
-
-
-class _WorkerStats(RequestStats):
-    """A worker's stats: what it files waits in `_rows` and `_pending` until `take` hands it
-    over (nothing is stored in the arrays, which are empty)."""
-
-    def __init__(self, start_time: float) -> None:
-        super().__init__(0, start_time)
-
-    def _store_rows(self) -> None:
-        pass
-
-    def _move_pending(self) -> None:
-        pass
-
-    def take(self) -> FiledChunk:
-        """The requests filed since the last `take`, forgotten here. Changes state."""
-        chunk = FiledChunk(self._rows, self._pending.tobytes(), self.errors,
-                           list(self._client_codes), list(self._slo_class_codes))
-        self._rows, self._pending, self.errors = [], array("d"), {}
-        return chunk
-
-
-class _RequestSink:
-    """A detailed run's worker: its requests, each packed once it ended for good (where a
-    streaming run files its stats, `RunRecord.retire`) and handed over `HAND_REQUESTS` at a
-    time, so that the run's process rebuilds them while the workers run."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self._packed: list[tuple[int, tuple]] = []
-
-    def add(self, k: int, r: Request) -> None:
-        self._packed.append((k, _pack_request(r)))
-        if len(self._packed) >= HAND_REQUESTS:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._packed:
-            with sigint_deferred():
-                self.conn.send(("requests", self._packed))
-                self._packed = []
-
-
-class _Counted:
-    """A worker's progress bar: the requests ended since the last hand-over (`tell`: sent
-    every `PROGRESS_REQUESTS` of them, where no step records carry the count)."""
-
-    def __init__(self, conn: Connection, tell: bool) -> None:
-        self.conn = conn
-        self.tell = tell
-        self.count = 0
-
-    def update(self, n: int) -> None:
-        self.count += n
-        if self.tell and self.count >= PROGRESS_REQUESTS:
-            with sigint_deferred():
-                self.conn.send(("progress", self.take()))
-
-    def take(self) -> int:
-        n, self.count = self.count, 0
-        return n
-
-
-class _WorkerSteps:
-    """A worker's `StepStream`: every `DRAIN_STEPS` of its steps (and at the end) it takes its
-    instances' step records and hands them, with their clocks and the stats filed since, to
-    the run's process."""
-
-    def __init__(self, loop: RunLoop, owned: list[Instance], skip: Sequence[int],
-                 conn: Connection, stats: _WorkerStats, counted: _Counted) -> None:
-        self.loop = loop
-        self.owned = owned
-        self.conn = conn
-        self.stats = stats
-        self.counted = counted
-        self.totals = StepTotals()  # NOTE: the run's process counts them
-        self._skip = {inst.index: skip[inst.index] if skip else 0 for inst in owned}
-        self._steps = 0
-
-    def stepped(self) -> None:
-        self._steps += 1
-        if self._steps >= DRAIN_STEPS:
-            self.take()
-
-    def take(self, final: bool = False) -> None:
-        """Hand over the records, the clocks and the stats filed since. Changes state."""
-        del final  # NOTE: the run's process knows the end from the "final" message
-        with sigint_deferred():
-            self._steps = 0
-            batch = []
-            for inst in self.owned:
-                got = inst.engine.drain_step_stats()
-                if got:
-                    inst.drained_kv_peak = max(inst.drained_kv_peak,
-                                               max(s.kv_used_blocks for s in got))
-                    skip = self._skip[inst.index]
-                    if skip:
-                        del got[:skip]
-                        self._skip[inst.index] = 0
-                batch.append((inst.index, _pack_steps(got), inst.now()))
-            busy = [inst.now() for inst in self.owned if inst.is_busy()]
-            now = min(busy) if busy else self.loop.next_release()
-            self.conn.send(("steps", batch, now, self.counted.take(), self.stats.take()))
-
-
-# ---- what crosses the pipes, packed --------------------------------------------------------
-# NOTE: a pickled slots dataclass is rebuilt by a Python-level `__setstate__` and a list of
-# ints item by item; a record as a tuple and a list of ints or floats as an `array` cross
-# ~10x cheaper (a long detailed run hands over ~100 M such items)
-_STEP_FIELDS = attrgetter(*StepStats.__slots__)
-_REQUEST_SLOTS: tuple[str, ...] = Request.__slots__
-_METRICS_SLOTS: tuple[str, ...] = RequestMetrics.__slots__
-_ID_LISTS = ("prompt_token_ids", "output_token_ids")
-
-
-def _pack_steps(steps: list[StepStats]) -> list[tuple]:
-    return list(map(_STEP_FIELDS, steps))
-
-
-def _unpack_steps(rows: list[tuple]) -> list[StepStats]:
-    return list(starmap(StepStats, rows))
-
-
-def _packed(values: list, typecode: str) -> object:
-    """`values` as an array of `typecode` when every entry fits one (a list otherwise)."""
-    if not isinstance(values, list):
-        return values
-    try:
-        return array(typecode, values)
-    except (TypeError, OverflowError):
-        return values
-
-
-def _unpacked(values: object) -> object:
-    return values.tolist() if type(values) is array else values
-
-
-def _unpacked_ids(values: object, shared: np.ndarray) -> object:
-    """Token ids packed by `_packed`, as a list of the `shared` int objects where they lie
-    in its range (as a workload's prompts hold them: 8 bytes a token), else of their own."""
-    if type(values) is not array:
-        return values
-    ids = np.frombuffer(values, np.int64)
-    if len(ids) and 0 <= int(ids.min()) and int(ids.max()) < len(shared):
-        return shared[ids].tolist()
-    return values.tolist()
-
-
-def _pack_request(r: Request) -> tuple:
-    out = []
-    for name in _REQUEST_SLOTS:
-        v = getattr(r, name)
-        if name in _ID_LISTS:
-            v = _packed(v, "q")
-        elif name == "metrics":
-            v = tuple(_packed(getattr(v, m), "d") if m == "token_times" else getattr(v, m)
-                      for m in _METRICS_SLOTS)
-        out.append(v)
-    return tuple(out)
-
-
-def _unpack_request(values: tuple, shared: np.ndarray) -> Request:
-    """The request `_pack_request` packed, its token ids `shared` int objects where it can."""
-    r = Request.__new__(Request)
-    for name, v in zip(_REQUEST_SLOTS, values, strict=True):
-        if name in _ID_LISTS:
-            v = _unpacked_ids(v, shared)
-        elif name == "metrics":
-            m = RequestMetrics.__new__(RequestMetrics)
-            for field, x in zip(_METRICS_SLOTS, v, strict=True):
-                setattr(m, field, _unpacked(x) if field == "token_times" else x)
-            v = m
-        setattr(r, name, v)
-    return r
