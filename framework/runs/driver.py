@@ -89,14 +89,14 @@ def run_workload(
     for name, xs in (("params", params), ("request_ids", request_ids)):
         if xs is not None and len(xs) != len(workload):
             raise ValueError(f"{len(workload)} requests but {len(xs)} {name}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers={workers!r} must be an integer >= 1")
     if params is None:
         params = WorkloadParams(workload, temperature, ignore_eos)
     cluster = target if isinstance(target, Cluster) else Cluster.around(target)
     loop = RunLoop(cluster, list(workload), params, request_ids, max_concurrency, check,
                    stream=not save_detailed)
     loop.interrupt = interrupt
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"workers={workers!r} must be an integer >= 1")
     if workers > 1:
         from schedlab.cluster.parallel import split_refusal
 
