@@ -43,7 +43,8 @@ def _run(wl, workers: int, n: int = 4, detailed: bool = False, **engine):
         steps.extend(tuple(astuple(s)[k] for k in _SIM) for s in batch)
 
     cluster = Cluster(ClusterConfig(num_instances=n), sim(**engine))
-    run = run_workload(cluster, wl, save_detailed=detailed, steps_out=out, workers=workers)
+    run = run_workload(cluster, wl, save_detailed=detailed, steps_out=out, workers=workers,
+                       check=True)  # NOTE: every instance's integrity after every step
     metrics = compute_metrics(run, slo={"ttft": 40.0, "tpot": 20.0})
     host = {f"mean_{p}_time_ms" for p in STEP_PHASES} | {"mean_framework_time_ms"}
     requests = [(r.request_id, r.prompt_token_ids, r.output_token_ids, r.status,
