@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from schedlab.clock import VirtualClock
-from schedlab.cluster.instance import Instance, InstanceSummary, Role
+from schedlab.cluster.instance import Instance, InstanceSummary
 from schedlab.cluster.record import DRAIN_STEPS
 from schedlab.cluster.router import InstanceLoad
 from schedlab.cluster.split_pack import unpack_request, unpack_steps
@@ -167,12 +167,10 @@ class WorkerInstance:
 
     def __init__(self, inst: Instance) -> None:
         self.index = inst.index
-        self.role: Role = inst.role
         self.engine = self  # NOTE: the parts of an engine the run's books read
         self.step_stats: list[StepStats] = []
         self.drained_kv_peak = 0
-        self.in_flight: dict[str, Request] = {}
-        self.pending: list[object] = []
+        self.pending: list[object] = []  # NOTE: no transfer waits here (`has_pending`)
         self._clock = inst.now()
         self._got: list[StepStats] = []
         self._counters = inst.engine.counters()

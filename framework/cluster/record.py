@@ -176,6 +176,19 @@ class _Series:
         return [s for _, _, s in tagged], cluster_used, cluster_running
 
 
+def drain_records(inst: Any, skip: list[int], n: int) -> list[StepStats]:
+    """Instance `n`'s step records taken from its engine (`Engine.drain_step_stats`), their
+    KV peak noted on the instance (`drained_kv_peak`), the `skip[n]` it held before the run
+    dropped the first time (then 0). Changes state."""
+    got = inst.engine.drain_step_stats()
+    if got:
+        inst.drained_kv_peak = max(inst.drained_kv_peak, max(map(_KV_USED_BLOCKS, got)))
+        if skip[n]:
+            del got[:skip[n]]
+            skip[n] = 0
+    return got
+
+
 class StepStream:
     """A streaming run's steps, taken from the engines as the run goes
     (`Engine.drain_step_stats`, every `DRAIN_STEPS` steps and at the end): counted into
@@ -232,13 +245,9 @@ class StepStream:
         self._steps = 0
         held, skip = self._held, self._skip
         for n, inst in enumerate(self.instances):
-            got = inst.engine.drain_step_stats()
+            got = drain_records(inst, skip, n)
             if not got:
                 continue
-            inst.drained_kv_peak = max(inst.drained_kv_peak, max(map(_KV_USED_BLOCKS, got)))
-            if skip[n]:
-                del got[:skip[n]]
-                skip[n] = 0
             if held[n]:
                 held[n].extend(got)
             else:

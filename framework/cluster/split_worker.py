@@ -13,7 +13,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from schedlab.cluster.instance import Instance
-from schedlab.cluster.record import DRAIN_STEPS
+from schedlab.cluster.record import DRAIN_STEPS, drain_records
 from schedlab.cluster.router import InstanceLoad, Router
 from schedlab.cluster.split_pack import pack_request, pack_steps
 from schedlab.request import Request
@@ -64,8 +64,8 @@ class Noted:
 
 
 def worker_main(loop: RunLoop, w: int, workers: int, routes: Sequence[int],
-            ids: Sequence[int] | None, conn: Connection, noted: Noted,
-            inherited: list[Connection]) -> None:  # pragma: no cover
+                ids: Sequence[int] | None, conn: Connection, noted: Noted,
+                inherited: list[Connection]) -> None:  # pragma: no cover
     """A worker process's target: the other workers' pipes closed, then `_work`."""
     for c in inherited:
         c.close()
@@ -234,7 +234,7 @@ class _WorkerSteps:
         self.stats = stats
         self.counted = counted
         self.totals = StepTotals()  # NOTE: the run's process counts them
-        self._skip = {inst.index: skip[inst.index] if skip else 0 for inst in owned}
+        self._skip = list(skip) if skip else [0] * (max(i.index for i in owned) + 1)
         self._steps = 0
 
     def stepped(self) -> None:
@@ -249,14 +249,7 @@ class _WorkerSteps:
             self._steps = 0
             batch = []
             for inst in self.owned:
-                got = inst.engine.drain_step_stats()
-                if got:
-                    inst.drained_kv_peak = max(inst.drained_kv_peak,
-                                               max(s.kv_used_blocks for s in got))
-                    skip = self._skip[inst.index]
-                    if skip:
-                        del got[:skip]
-                        self._skip[inst.index] = 0
+                got = drain_records(inst, self._skip, inst.index)
                 batch.append((inst.index, pack_steps(got), inst.now()))
             busy = [inst.now() for inst in self.owned if inst.is_busy()]
             now = min(busy) if busy else self.loop.next_release()
