@@ -170,6 +170,43 @@ def test_results_json_writes_numpy_scalars_paths_and_non_finite_floats_as_json(t
     assert config == {"seed": 0}
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "json"])
+def test_results_json_lists_read_back_as_the_same_values_with_or_without_orjson(
+        tmp_path, monkeypatch, fast):
+    """The per-request lists (millions of numbers in a long run, encoded by orjson where it
+    is installed) read back as the floats written, to the last bit, across chunk bounds;
+    non-finite ones as null, numpy scalars as numbers, non-ASCII text as itself; the same
+    document whichever encoder wrote it."""
+    import json
+    import random
+
+    import numpy as np
+
+    from schedlab.runs import results
+    from schedlab.runs.results import load_results
+
+    if fast:
+        pytest.importorskip("orjson")
+    else:
+        monkeypatch.setattr(results, "_orjson", None)
+    monkeypatch.setattr(results, "_CHUNK", 7)
+    rnd = random.Random(2)
+    floats = [rnd.random() * 10.0 ** rnd.randint(-9, 18) for _ in range(50)] + [
+        0.0, -0.0, 1e-5, 1e-7, 1.5e17, 5e-324, 1.7976931348623157e308]
+    itls = [[rnd.random() / 50 for _ in range(rnd.randint(0, 9))] for _ in range(30)]
+    metrics = {"ttfts": floats, "itls": itls, "tpots": [None, 0.5, float("nan")] * 5,
+               "input_lens": list(range(20)) + [np.int64(7)], "errors": ["caf\u00e9", "x"] * 4}
+    path = write_results(tmp_path, metrics, {"seed": 0})
+    got, _, _ = load_results(path)
+    assert got["ttfts"] == floats and got["itls"] == itls
+    assert [repr(x) for x in got["ttfts"]] == [repr(x) for x in floats]  # -0.0 too
+    assert got["tpots"] == [None, 0.5, None] * 5
+    assert got["input_lens"] == list(range(20)) + [7]
+    assert got["errors"] == ["caf\u00e9", "x"] * 4
+    assert path.read_text(encoding="ascii")  # plain ASCII whichever encoder ran
+    assert json.loads(path.read_text())["itls"] == itls
+
+
 def test_a_run_collects_less_often_and_leaves_the_collector_as_it_found_it(monkeypatch):
     """Inside a run the cyclic collector's young threshold is raised (a run's objects die
     young); afterwards, after an error too, the caller's thresholds are back, and a

@@ -176,6 +176,34 @@ def test_token_times_filed_in_bulk_read_as_filed_one_by_one(monkeypatch):
         assert stats.itls(done) == full["itls"]
 
 
+@pytest.mark.parametrize("chunk_tokens", [1, 5, 37, 1 << 20])
+def test_itls_are_each_requests_own_gaps_whatever_the_chunks(monkeypatch, chunk_tokens):
+    """results.json's `itls`: request by request (in completion order), the gaps between
+    that request's own token times, none across two requests, for requests of 1, 2 and
+    many tokens and however the token times are read in chunks; the same floats as
+    `np.diff` of each request's times."""
+    import random
+
+    from schedlab.runs import request_stats
+    from schedlab.runs.request_stats import RequestStats
+
+    monkeypatch.setattr(request_stats, "CHUNK_TOKENS", chunk_tokens)
+    rnd = random.Random(5)
+    reqs = []
+    for k in range(40):
+        t0 = rnd.random() * 10
+        times = sorted(t0 + rnd.random() for _ in range(rnd.choice([1, 1, 2, 3, 17])))
+        reqs.append(_request(str(k), 3, t0, t0, times))
+    order = rnd.sample(range(len(reqs)), len(reqs))
+    stats = RequestStats(len(reqs), 0.0)
+    for k in order:
+        stats.add(k, reqs[k])
+    got = stats.itls(stats.completed)
+    want = [np.diff(reqs[k].metrics.token_times).tolist() for k in sorted(order)]
+    assert got == want
+    assert [len(g) for g in got] == [len(reqs[k].metrics.token_times) - 1 for k in sorted(order)]
+
+
 def test_request_rows_stored_in_bulk_read_as_filed_one_by_one(monkeypatch):
     """Each filed request's numbers wait in a row until a batch is stored a column at a
     time: every column reads as if each request were stored when filed, a read mid-run
