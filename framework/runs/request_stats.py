@@ -22,6 +22,8 @@ OPEN, COMPLETED, REJECTED, FAILED = 0, 1, 2, 3
 NO_GROUP = -1
 #: tokens per chunk of `RequestStats.token_chunks`
 CHUNK_TOKENS = 1 << 20
+#: the chunk `RequestStats.itls` reads (each chunk's gaps become a list of floats at once)
+ITL_CHUNK_TOKENS = 1 << 16
 #: token times filed before they move into the run's buffer in one go
 _PENDING_TIMES = 1 << 16
 #: requests filed before their numbers are stored in the arrays in one go
@@ -316,16 +318,19 @@ class RequestStats:
         """SLO classes by code (`slo_class`)."""
         return list(self._slo_class_codes)
 
-    def token_chunks(self, positions: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def token_chunks(self, positions: np.ndarray,
+                     chunk_tokens: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The token times of the requests at `positions`, request after request, in chunks
-        of whole requests of about `CHUNK_TOKENS` tokens (so that reading them costs no
-        index arrays of the run's size): (times, each request's token count) per chunk."""
+        of whole requests of about `chunk_tokens` tokens (default `CHUNK_TOKENS`; so that
+        reading them costs no index arrays of the run's size): (times, each request's token
+        count) per chunk."""
         times = self._all_times()
+        chunk = CHUNK_TOKENS if chunk_tokens is None else chunk_tokens
         counts = self.num_tokens[positions]
         ends = np.cumsum(counts)
         lo = 0
         while lo < len(positions):
-            limit = ends[lo] - counts[lo] + CHUNK_TOKENS
+            limit = ends[lo] - counts[lo] + chunk
             hi = max(lo + 1, int(np.searchsorted(ends, limit, side="right")))
             c = counts[lo:hi]
             before = np.cumsum(c) - c
@@ -369,10 +374,11 @@ class RequestStats:
 
         NOTE: one `diff` and one `tolist` per chunk of whole requests, each request's list a
         slice of the chunk's (a gap across two requests' tokens skipped), not one of each per
-        request: ~100k numpy calls a 100k-request run."""
+        request: ~100k numpy calls a 100k-request run. Chunks of `ITL_CHUNK_TOKENS`: the
+        chunk's arrays and list are all it holds beyond the lists it returns."""
         out: list[list[float]] = []
         add = out.append
-        for times, counts in self.token_chunks(done):
+        for times, counts in self.token_chunks(done, min(CHUNK_TOKENS, ITL_CHUNK_TOKENS)):
             gaps = np.diff(times).tolist()
             at = 0
             for c in counts.tolist():
