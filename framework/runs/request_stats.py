@@ -374,7 +374,7 @@ class RequestStats:
 
         NOTE: one `diff` and one `tolist` per chunk of whole requests, each request's list a
         slice of the chunk's (a gap across two requests' tokens skipped), not one of each per
-        request: ~100k numpy calls a 100k-request run. Chunks of `ITL_CHUNK_TOKENS`: the
+        request (200k numpy calls in a 100k-request run). Chunks of `ITL_CHUNK_TOKENS`: the
         chunk's arrays and list are all it holds beyond the lists it returns."""
         out: list[list[float]] = []
         add = out.append
