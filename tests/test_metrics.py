@@ -8,6 +8,7 @@ import pytest
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.metrics import compute_metrics, parse_slo
 from schedlab.runs.run_result import RunResult
+from schedlab.runs.token_reads import itls, token_times
 from schedlab.stats import StepStats
 
 
@@ -173,7 +174,7 @@ def test_token_times_filed_in_bulk_read_as_filed_one_by_one(monkeypatch):
                                         num_preemptions=0, prefix_hit_rate=0.0, stats=stats))
         assert got == {k: v for k, v in full.items() if k in got}
         done = stats.completed
-        assert stats.itls(done) == full["itls"]
+        assert itls(stats, done) == full["itls"]
 
 
 @pytest.mark.parametrize("chunk_tokens", [1, 5, 37, 1 << 20])
@@ -184,10 +185,10 @@ def test_itls_are_each_requests_own_gaps_whatever_the_chunks(monkeypatch, chunk_
     `np.diff` of each request's times."""
     import random
 
-    from schedlab.runs import request_stats
+    from schedlab.runs import token_reads
     from schedlab.runs.request_stats import RequestStats
 
-    monkeypatch.setattr(request_stats, "CHUNK_TOKENS", chunk_tokens)
+    monkeypatch.setattr(token_reads, "ITL_CHUNK_TOKENS", chunk_tokens)
     rnd = random.Random(5)
     reqs = []
     for k in range(40):
@@ -198,7 +199,7 @@ def test_itls_are_each_requests_own_gaps_whatever_the_chunks(monkeypatch, chunk_
     stats = RequestStats(len(reqs), 0.0)
     for k in order:
         stats.add(k, reqs[k])
-    got = stats.itls(stats.completed)
+    got = itls(stats, stats.completed)
     want = [np.diff(reqs[k].metrics.token_times).tolist() for k in sorted(order)]
     assert got == want
     assert [len(g) for g in got] == [len(reqs[k].metrics.token_times) - 1 for k in sorted(order)]
@@ -248,7 +249,7 @@ def test_request_rows_stored_in_bulk_read_as_filed_one_by_one(monkeypatch):
         assert stats.slo_class.tolist() == [NO_GROUP] * 7 + [0] + [NO_GROUP] * 5
         assert stats.deadline_ms[7] == 250.0 and np.isnan(stats.deadline_ms).sum() == 12
         assert stats.errors == {3: "too long", 5: "abort"}
-        assert stats.token_times(np.array([7, 2])).tolist() == (
+        assert token_times(stats, np.array([7, 2])).tolist() == (
             reqs[7].metrics.token_times + reqs[2].metrics.token_times)
 
 

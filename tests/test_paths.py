@@ -198,12 +198,12 @@ def test_the_summary_does_not_depend_on_the_chunks_token_times_are_read_in(monke
     window by window (to bound memory on long runs): chunks of one request and windows of a
     few events give the same summary, to the last bit."""
     import schedlab.runs.groups as groups
-    import schedlab.runs.request_stats as request_stats
+    import schedlab.runs.token_reads as token_reads
 
     run = run_workload(Cluster(ClusterConfig(num_instances=2), sim()),
                        workload("clients_slo_priorities"), save_detailed=False)
     whole = compute_metrics(run, slo={"ttft": 30.0})
-    monkeypatch.setattr(request_stats, "CHUNK_TOKENS", 1)
+    monkeypatch.setattr(token_reads, "CHUNK_TOKENS", 1)
     monkeypatch.setattr(groups, "SPREAD_WINDOW", 3)
     assert compute_metrics(run, slo={"ttft": 30.0}) == whole
     assert whole["max_service_difference"] > 0 and whole["max_output_tokens_per_s"] > 0

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from schedlab.runs.token_reads import token_chunks, token_times
+
 if TYPE_CHECKING:
     from schedlab.runs.request_stats import RequestStats
 
@@ -90,7 +92,7 @@ def service_events(stats: RequestStats, positions: np.ndarray,
     """The service of the requests at `positions`: `weights[1]` at each token's time, plus
     `weights[0]` per prompt token at each request's first token (its prompt served)."""
     served = positions[stats.num_tokens[positions] > 0]
-    t = stats.token_times(served)
+    t = token_times(stats, served)
     order = np.argsort(t, kind="stable")
     counts = stats.num_tokens[served]
     rank = np.empty(len(order), np.intp)
@@ -226,7 +228,7 @@ def service_timeline(stats: RequestStats, by_client: Mapping[str, np.ndarray],
         served = positions[stats.num_tokens[positions] > 0]
         acc = np.zeros(num_bins)
         done = 0
-        for t, counts in stats.token_chunks(served):
+        for t, counts in token_chunks(stats, served):
             num_input = stats.num_input[served[done:done + len(counts)]]
             done += len(counts)
             b = np.clip(((t - start_time) / width).astype(int), 0, num_bins - 1)

@@ -28,6 +28,7 @@ import numpy as np
 from schedlab.runs.groups import group_metrics, per_second, percentile_keys
 from schedlab.runs.request_stats import REJECTED, RequestStats
 from schedlab.runs.run_result import RunResult
+from schedlab.runs.token_reads import itls, peak_output_rate, pooled_itls
 from schedlab.stats import StepTotals
 
 if TYPE_CHECKING:
@@ -114,13 +115,13 @@ def compute_metrics(
     if slo:
         m["request_goodput"] = per_second(stats.num_meeting(done, slo), dur)
         m["goodput_slo_ms"] = dict(slo)
-    m["max_output_tokens_per_s"] = stats.peak_output_rate()
+    m["max_output_tokens_per_s"] = peak_output_rate(stats)
     m["max_concurrent_requests"] = stats.peak_in_flight()
     for name, values in (("ttft", ttfts), ("tpot", tpots[~np.isnan(tpots)]), ("itl", None),
                          ("e2el", e2els), ("queue", queue)):
         # NOTE: the gaps, a run's largest series, are read for their keys only and scaled in
         # place: no copy of them is held past their keys
-        m.update(_stats(name, _in_ms(stats.pooled_itls(done)) if values is None
+        m.update(_stats(name, _in_ms(pooled_itls(stats, done)) if values is None
                         else values * 1000.0, percentiles))
     m.update(engine_metrics(run))
     # per_client / per_slo_class / jain_fairness_index / service_timeline, when present
@@ -129,7 +130,7 @@ def compute_metrics(
         m.update(input_lens=stats.num_input[done].tolist(),
                  output_lens=stats.num_output[done].tolist(), ttfts=ttfts.tolist(),
                  tpots=[None if t != t else t for t in tpots.tolist()], e2els=e2els.tolist(),
-                 itls=stats.itls(done), errors=list(stats.errors.values()))
+                 itls=itls(stats, done), errors=list(stats.errors.values()))
     return m
 
 

@@ -9,7 +9,7 @@ and the group figures (`schedlab.runs.groups`) read only this, so both give the 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -20,10 +20,6 @@ from schedlab.request import Request, RequestStatus
 OPEN, COMPLETED, REJECTED, FAILED = 0, 1, 2, 3
 #: `RequestStats.client` / `slo_class` of a request without one
 NO_GROUP = -1
-#: tokens per chunk of `RequestStats.token_chunks`
-CHUNK_TOKENS = 1 << 20
-#: the chunk `RequestStats.itls` reads (each chunk's gaps become a list of floats at once)
-ITL_CHUNK_TOKENS = 1 << 16
 #: token times filed before they move into the run's buffer in one go
 _PENDING_TIMES = 1 << 16
 #: requests filed before their numbers are stored in the arrays in one go
@@ -280,13 +276,14 @@ class RequestStats:
         self._store_rows()
         return self._deadline_ms
 
-    def _all_times(self) -> np.ndarray:
+    def all_token_times(self) -> np.ndarray:
         """The buffer of every filed token time (see `token_at`), the pending ones moved into
-        it first: a change of representation only, nothing a reader sees differs."""
+        it first: a change of representation only, nothing a reader sees differs
+        (`schedlab.runs.token_reads` reads it)."""
         self._move_pending()
         return self._times
 
-    # ---- what metrics read (no state change but `_all_times`' flush) -------------------------
+    # ---- what metrics read (no state change but `all_token_times`' flush) --------------------
     @property
     def completed(self) -> np.ndarray:
         """Positions of the completed requests, in workload order."""
@@ -318,73 +315,12 @@ class RequestStats:
         """SLO classes by code (`slo_class`)."""
         return list(self._slo_class_codes)
 
-    def token_chunks(self, positions: np.ndarray,
-                     chunk_tokens: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The token times of the requests at `positions`, request after request, in chunks
-        of whole requests of about `chunk_tokens` tokens (default `CHUNK_TOKENS`; so that
-        reading them costs no index arrays of the run's size): (times, each request's token
-        count) per chunk."""
-        times = self._all_times()
-        chunk = CHUNK_TOKENS if chunk_tokens is None else chunk_tokens
-        counts = self.num_tokens[positions]
-        ends = np.cumsum(counts)
-        lo = 0
-        while lo < len(positions):
-            limit = ends[lo] - counts[lo] + chunk
-            hi = max(lo + 1, int(np.searchsorted(ends, limit, side="right")))
-            c = counts[lo:hi]
-            before = np.cumsum(c) - c
-            idx = np.repeat(self.token_at[positions[lo:hi]] - before, c) + np.arange(int(c.sum()))
-            yield times[idx], c
-            lo = hi
-
-    def token_times(self, positions: np.ndarray) -> np.ndarray:
-        """The token times of the requests at `positions`, request after request."""
-        out = np.empty(int(self.num_tokens[positions].sum()))
-        at = 0
-        for times, _ in self.token_chunks(positions):
-            out[at:at + len(times)] = times
-            at += len(times)
-        return out
-
     def tpots(self, done: np.ndarray) -> np.ndarray:
         """TPOT of the completed requests `done` (NaN for one-token outputs)."""
         n = self.num_output[done]
         with np.errstate(divide="ignore", invalid="ignore"):
             t = (self.e2el[done] - self.ttft[done]) / (n - 1)
         return np.where(n > 1, t, np.nan)
-
-    def pooled_itls(self, done: np.ndarray) -> np.ndarray:
-        """Every inter-token gap of the completed requests `done`, request after request."""
-        out = np.empty(int(self.num_tokens[done].sum()) - len(done))
-        at = 0
-        for times, counts in self.token_chunks(done):
-            gaps = np.diff(times)
-            # NOTE: the difference across two requests' tokens is no gap: drop each one's last
-            keep = np.ones(len(gaps), bool)
-            keep[np.cumsum(counts)[:-1] - 1] = False
-            n = len(gaps) - len(counts) + 1
-            out[at:at + n] = gaps[keep]
-            at += n
-        return out
-
-    def itls(self, done: np.ndarray) -> list[list[float]]:
-        """Each completed request's gaps, as lists (the same floats as `np.diff` of each
-        request's times).
-
-        NOTE: one `diff` and one `tolist` per chunk of whole requests, each request's list a
-        slice of the chunk's (a gap across two requests' tokens skipped), not one of each per
-        request (200k numpy calls in a 100k-request run). Chunks of `ITL_CHUNK_TOKENS`: the
-        chunk's arrays and list are all it holds beyond the lists it returns."""
-        out: list[list[float]] = []
-        add = out.append
-        for times, counts in self.token_chunks(done, min(CHUNK_TOKENS, ITL_CHUNK_TOKENS)):
-            gaps = np.diff(times).tolist()
-            at = 0
-            for c in counts.tolist():
-                add(gaps[at:at + c - 1] if c > 1 else [])
-                at += c
-        return out
 
     def meeting(self, done: np.ndarray, slo: Mapping[str, float]) -> np.ndarray:
         """Whether each completed request of `done` meets every limit (ms) of `slo`; a
@@ -404,19 +340,6 @@ class RequestStats:
         """Whether each completed request of `done` got its first token by its deadline
         (False without one)."""
         return self.ttft[done] * 1000.0 <= self.deadline_ms[done]
-
-    def peak_output_rate(self) -> float:
-        """The most output tokens of completed requests in one whole second of the run
-        (vLLM's `max_output_tokens_per_s`)."""
-        counts, first = np.zeros(0, np.int64), 0
-        for times, _ in self.token_chunks(self.completed):
-            seconds = np.floor(times - self.start_time).astype(np.int64)
-            lo = min(first, int(seconds.min())) if len(counts) else int(seconds.min())
-            hi = max(first + len(counts), int(seconds.max()) + 1)
-            grown = np.bincount(seconds - lo, minlength=hi - lo)
-            grown[first - lo: first - lo + len(counts)] += counts
-            counts, first = grown, lo
-        return float(counts.max()) if len(counts) else 0.0
 
     def peak_in_flight(self) -> int:
         """The most ended requests in flight at once, arrival to end (an end at t and an
