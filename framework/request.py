@@ -228,6 +228,8 @@ class Request:
     """
 
     request_id: str
+    #: the prompt; once a run's request of a synthetic workload ended, its workload's prompt
+    #: (`schedlab.runs.prompts.LazyTokens`: reads like the list; `list(...)` it for JSON)
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_time: float = 0.0

@@ -92,6 +92,27 @@ def test_unrunnable_request_is_rejected_and_the_rest_complete(monkeypatch):
 
 
 # ---- the real tiny model on the wall clock ---------------------------------------------
+def test_a_detailed_runs_ended_requests_read_as_their_workload_prompts(monkeypatch):
+    """A synthetic workload's prompts are drawn when read: a request that ended (finished or
+    rejected on arrival) refers to its workload's prompt, so a detailed run keeps no list of
+    its own per request, and it reads as the ids the request ran."""
+    spec = {"type": "synthetic", "num_requests": 30, "output_len": 4,
+            "input_len": {"dist": "uniform", "min": 4, "max": 60},
+            "arrival": {"process": "poisson", "rate": 200.0}}
+    work = build_workload(spec, 512, seed=2)
+    ids = [list(w.prompt_token_ids) for w in work]
+    run = run_workload(fake_engine(monkeypatch, max_model_len=48), work)
+    statuses = {r.status for r in run.requests}
+    assert statuses == {RequestStatus.FINISHED_LENGTH, RequestStatus.REJECTED}
+    for w, r, expect in zip(work, run.requests, ids, strict=True):
+        assert r.prompt_token_ids is w.prompt_token_ids
+        assert r.prompt_token_ids == expect and r.num_prompt_tokens == len(expect)
+        assert r.all_token_ids == expect + r.output_token_ids
+    done = [len(p) for p, r in zip(ids, run.requests, strict=True)
+            if r.status is RequestStatus.FINISHED_LENGTH]
+    assert compute_metrics(run)["total_input_tokens"] == sum(done)
+
+
 def test_offline_run_on_real_model(llama_dir):
     eng = real_engine(llama_dir, max_num_seqs=2)
     spec = {"type": "synthetic", "num_requests": 5, "input_len": {"dist": "uniform", "min": 8,

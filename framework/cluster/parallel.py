@@ -280,7 +280,9 @@ def _merge(loop: RunLoop, conns: list[Connection], procs: list[BaseProcess], bar
             elif kind == "requests":  # detailed: requests that ended
                 if shared is None:
                     shared = token_ints(cluster.instances[0].engine.model_spec.vocab_size)
-                record.routed.update((k, unpack_request(r, shared)) for k, r in msg[1])
+                workload = loop.workload
+                record.routed.update((k, unpack_request(r, shared, workload[k].prompt_token_ids))
+                                     for k, r in msg[1])
                 ended = 0
             elif kind == "instance_steps":  # detailed: an instance's steps
                 remote[msg[1]].step_stats = unpack_steps(msg[2])

@@ -9,12 +9,14 @@ cheaper (a long detailed run hands over ~100 M such items).
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from itertools import starmap
 from operator import attrgetter
 
 import numpy as np
 
 from schedlab.request import Request, RequestMetrics
+from schedlab.runs.prompts import LazyTokens
 from schedlab.stats import StepStats
 
 _STEP_FIELDS = attrgetter(*StepStats.__slots__)
@@ -61,7 +63,9 @@ def pack_request(r: Request) -> tuple:
     for name in _REQUEST_SLOTS:
         v = getattr(r, name)
         if name in _ID_LISTS:
-            v = _packed(v, "q")
+            # NOTE: a workload's prompt (a request that ended refers to it): None, the run's
+            # process has it
+            v = None if type(v) is LazyTokens else _packed(v, "q")
         elif name == "metrics":
             v = tuple(_packed(getattr(v, m), "d") if m == "token_times" else getattr(v, m)
                       for m in _METRICS_SLOTS)
@@ -69,12 +73,13 @@ def pack_request(r: Request) -> tuple:
     return tuple(out)
 
 
-def unpack_request(values: tuple, shared: np.ndarray) -> Request:
-    """The request `_pack_request` packed, its token ids `shared` int objects where it can."""
+def unpack_request(values: tuple, shared: np.ndarray, prompt: Sequence[int]) -> Request:
+    """The request `pack_request` packed, its token ids `shared` int objects where it can,
+    its prompt `prompt` (its workload's) where it referred to its workload's."""
     r = Request.__new__(Request)
     for name, v in zip(_REQUEST_SLOTS, values, strict=True):
         if name in _ID_LISTS:
-            v = _unpacked_ids(v, shared)
+            v = prompt if v is None and name == "prompt_token_ids" else _unpacked_ids(v, shared)
         elif name == "metrics":
             m = RequestMetrics.__new__(RequestMetrics)
             for field, x in zip(_METRICS_SLOTS, v, strict=True):
