@@ -202,6 +202,30 @@ def test_jain_index():
     assert jain_index([]) is None and jain_index([0, 0]) is None
 
 
+@pytest.mark.parametrize("slo", [None, {"tpot": 100}, {"ttft": 1e6}])
+def test_goodput_is_one_count_for_the_run_and_its_groups(slo):
+    """A request is goodput when it met its own deadline (when it has one) and the run's SLO
+    (when given): the run's request_goodput is its clients' (and its classes') summed."""
+    rng = random.Random(1)
+    work = [WorkloadRequest([3] * 6, 4, arrival_s=0.001 * i, client_id=rng.choice("ab"),
+                            slo_class="chat" if i % 2 else "batch",
+                            deadline_ms=5.0 if i % 2 else 1000.0) for i in range(12)]
+    m = compute_metrics(run_workload(fake_engine(), work), slo=slo)
+    assert 0 < m["per_slo_class"]["chat"]["deadline_attainment"] < 1.0  # deadlines missed
+    for groups in ("per_client", "per_slo_class"):
+        total = sum(g["request_goodput"] for g in m[groups].values())
+        assert m["request_goodput"] == pytest.approx(total)
+    assert m["request_goodput"] < m["request_throughput"]
+    plain = [WorkloadRequest([3] * 6, 4, client_id=c) for c in "abab"]
+    m = compute_metrics(run_workload(fake_engine(), plain), slo=slo)
+    if slo is None:  # nothing to meet: no goodput, in the run or its groups
+        assert m["request_goodput"] is None
+        assert {g["request_goodput"] for g in m["per_client"].values()} == {None}
+    else:
+        assert m["request_goodput"] == pytest.approx(sum(
+            g["request_goodput"] for g in m["per_client"].values()))
+
+
 def test_per_client_and_per_class_metrics_reach_results_and_report(tmp_path):
     rng = random.Random(0)
     work = [WorkloadRequest([3] * 6, 4, arrival_s=0.001 * i, client_id=rng.choice("ab"),

@@ -185,7 +185,8 @@ def group_metrics(stats: RequestStats, duration: float, start_time: float,
     Returns:
         `per_client` / `per_slo_class`: name -> {num_requests, completed, num_rejected,
         input/output tokens, `service`, `request_throughput`, `request_goodput` (completed
-        requests meeting `slo` and their deadline, per s), `deadline_attainment` (share of all
+        requests meeting `slo` and their deadline, per s, as the run's; None where the run has
+        neither), `deadline_attainment` (share of all
         its requests that met their deadline; None without deadlines), TTFT/TPOT mean and
         percentiles (ms)};
         `service_timeline` {t_s, clients: name -> service per second in each bin};
@@ -299,10 +300,6 @@ def _group(stats: RequestStats, positions: np.ndarray, duration: float,
         return per_second(n, duration)
 
     deadlines = positions[~np.isnan(stats.deadline_ms[positions])]
-    # NOTE: a completed request is good if it met its deadline (when it has one) and `slo`
-    good = np.isnan(stats.deadline_ms[done]) | stats.met_deadline(done)
-    if slo:
-        good &= stats.meeting(done, slo)
     # NOTE: summed in workload order with Python's sum, one request's service after another
     service = (weights[0] * stats.num_input[positions]
                + weights[1] * stats.num_output[positions]).tolist()
@@ -314,7 +311,8 @@ def _group(stats: RequestStats, positions: np.ndarray, duration: float,
         "total_output_tokens": int(stats.num_output[done].sum()),
         "service": sum(service),
         "request_throughput": per_s(len(done)),
-        "request_goodput": per_s(int(good.sum())),
+        "request_goodput": (per_s(int(stats.good(done, slo).sum()))
+                            if stats.has_objectives(slo) else None),
         "deadline_attainment": (_num_met_deadline(stats, deadlines) / len(deadlines)
                                 if len(deadlines) else None),
     }

@@ -76,8 +76,10 @@ def compute_metrics(
     Args:
         run: the run to summarise.
         percentiles: which `pNN_*_ms` keys to report.
-        slo: per-request limits in ms (`ttft`, `tpot`, `e2el`) for `request_goodput`
-            (completed requests meeting all of them, per second); None leaves goodput None.
+        slo: per-request limits in ms (`ttft`, `tpot`, `e2el`) for `request_goodput`:
+            completed requests meeting all of them and their own deadline (`deadline_ms`,
+            when they have one), per second; None, and no request with a deadline, leaves
+            goodput None.
 
     Returns:
         A JSON-ready dict: scalars (`completed`, `num_rejected`, `duration`, throughputs,
@@ -112,8 +114,9 @@ def compute_metrics(
         "output_throughput": per_second(total_out, dur),
         "total_token_throughput": per_second(total_in + total_out, dur),
     }
+    if stats.has_objectives(slo):
+        m["request_goodput"] = per_second(int(stats.good(done, slo).sum()), dur)
     if slo:
-        m["request_goodput"] = per_second(stats.num_meeting(done, slo), dur)
         m["goodput_slo_ms"] = dict(slo)
     m["max_output_tokens_per_s"] = peak_output_rate(stats)
     m["max_concurrent_requests"] = stats.peak_in_flight()

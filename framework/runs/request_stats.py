@@ -332,9 +332,19 @@ class RequestStats:
             ok &= got[key] * 1000.0 <= limit
         return ok
 
-    def num_meeting(self, done: np.ndarray, slo: Mapping[str, float]) -> int:
-        """Completed requests of `done` meeting every limit (ms) of `slo`."""
-        return int(self.meeting(done, slo).sum())
+    def has_objectives(self, slo: Mapping[str, float] | None) -> bool:
+        """Whether a run's goodput has anything to count against: limits in `slo`, or a
+        filed request with a deadline of its own. No state change."""
+        return bool(slo) or bool((~np.isnan(self.deadline_ms[self.filed])).any())
+
+    def good(self, done: np.ndarray, slo: Mapping[str, float] | None) -> np.ndarray:
+        """Whether each completed request of `done` is goodput: it met its own deadline
+        (when it has one) and every limit (ms) of `slo` (when given). The one definition of
+        `request_goodput`, for the run and for each client and SLO class."""
+        ok = np.isnan(self.deadline_ms[done]) | self.met_deadline(done)
+        if slo:
+            ok &= self.meeting(done, slo)
+        return ok
 
     def met_deadline(self, done: np.ndarray) -> np.ndarray:
         """Whether each completed request of `done` got its first token by its deadline
