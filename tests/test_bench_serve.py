@@ -89,9 +89,11 @@ def test_bench_needs_a_base_url(capsys):
     assert "--base-url" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("key", ["driver.save_detailed=false", "driver.workers=2"])
+@pytest.mark.parametrize("key", ["driver.save_detailed=false", "driver.workers=2",
+                                 "cluster=replicas", "cluster=disaggregated"])
 def test_bench_refuses_schedlab_run_keys_with_one_line(tmp_path, capsys, key):
-    """The streaming mode and a split run are `schedlab run`'s: refused, never ignored."""
+    """The streaming mode, a split run and a cluster are `schedlab run`'s: refused, never
+    ignored (nor recorded as the server's)."""
     rc = main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--vocab-size", "1000",
                key, "logger=none", f"hydra.run.dir={tmp_path / 'r'}"])
     assert rc == 2

@@ -432,9 +432,9 @@ def test_command_line_errors_are_one_line(capsys):
     assert main(["serve", "scheduler=nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("schedlab: error: scheduler='nope'") and "continuous" in err
-    assert main(["serve", "driver.workers=2"]) == 2  # a `schedlab run` key, never ignored
-    assert capsys.readouterr().err.startswith(
-        "schedlab: error: driver.workers=2 is for `schedlab run`")
+    for key in ("driver.workers=2", "cluster=replicas", "cluster=disaggregated"):
+        assert main(["serve", key]) == 2  # a `schedlab run` key, never ignored
+        assert capsys.readouterr().err.startswith(f"schedlab: error: {key} is for `schedlab run`")
 
 
 def _start_cli(llama_dir: str, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:

@@ -201,6 +201,13 @@ def _report(e: Exception) -> None:
     print(f"schedlab: error: {msg}", file=sys.stderr)
 
 
+def _cluster_name(s: RunSettings) -> str:
+    """The `cluster` group's choice as the command line names it (e.g. `replicas`)."""
+    node = s.config.get("cluster")
+    name = node.get("name") if isinstance(node, dict) else None
+    return str(name) if name else "<a cluster>"
+
+
 # ---- the Hydra task functions --------------------------------------------------------------
 def _serve_task(cfg: DictConfig, opts) -> None:
     """One Hydra job of `schedlab serve`: build the engine, serve until drained."""
@@ -212,6 +219,11 @@ def _serve_task(cfg: DictConfig, opts) -> None:
             raise ConfigError(f"driver.workers={s.workers} is for `schedlab run` (a simulated "
                               "cluster split over processes); `schedlab serve` runs one engine "
                               "in this process: drop the key")
+        if s.cluster is not None:
+            raise ConfigError(f"cluster={_cluster_name(s)} is for `schedlab run` (a cluster of "
+                              "engines on one timeline); `schedlab serve` serves one engine: use "
+                              "cluster=single, or one server per instance behind a router of "
+                              "your own")
         seed_everything(s.seed)
         s.model.prepare()
         try:
@@ -266,6 +278,10 @@ def _bench(s: RunSettings, a: _BenchArgs) -> None:
         raise ConfigError(f"driver.workers={s.workers} is for `schedlab run` (a simulated "
                           "cluster split over processes); `schedlab bench serve` measures a "
                           "server over HTTP: drop the key")
+    if s.cluster is not None:
+        raise ConfigError(f"cluster={_cluster_name(s)} is for `schedlab run` (a cluster of "
+                          "engines on one timeline); `schedlab bench serve` measures the server "
+                          "at --base-url, whatever runs behind it: drop the key")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     vocab = a.vocab_size
     if vocab is None:
@@ -289,7 +305,7 @@ def _bench(s: RunSettings, a: _BenchArgs) -> None:
     metrics["model_id"] = model
     # NOTE: the engine and plugin groups describe no server here; the record keeps the rest
     config = {k: v for k, v in s.config.items()
-              if k not in (*PLUGIN_GROUPS, "engine", "hardware")}
+              if k not in (*PLUGIN_GROUPS, "engine", "hardware", "cluster", "router")}
     config["bench"] = {"base_url": a.base_url, "model": model, "vocab_size": vocab,
                        "endpoint": "/v1/completions"}
     path = write_results(s.output_dir, metrics, config, collect_environment())
