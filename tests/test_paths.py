@@ -347,15 +347,38 @@ def test_an_engine_that_never_progresses_stops_within_the_step_limit(monkeypatch
     assert len(calls) == 51
 
 
+def test_a_length_aware_queue_gets_the_output_length_hint_over_http():
+    """`queue=sjf` orders by the workload's output-length hint (`oracle_output_len`) in `run`
+    and over HTTP alike (bench sends it, serve reads it), not by the prompt lengths."""
+    from schedlab.runs.distributions import WorkloadRequest
+    from schedlab.serve.server import Server, ServerOptions
+
+    lens = [60, 24, 48, 20, 36]
+    wl = [WorkloadRequest([5] * 16, n, expected_output_len=n) for n in lens]  # all at 0
+
+    def order(run) -> list[int]:  # by the time each finished
+        return sorted(range(len(wl)), key=lambda i: run.requests[i].metrics.finished_time)
+
+    cfg = sim(queue="sjf", max_num_seqs=1)
+    assert order(run_workload(Engine(cfg), wl)) == sorted(range(5), key=lens.__getitem__)
+    with Server(cfg, ServerOptions(port=0, model_names=("sim",), log_level="warning")) as s:
+        benched = _bench(s, wl)
+    # the first to reach the idle server runs at once; the rest wait and go shortest first
+    rest = order(benched)[1:]
+    assert [lens[i] for i in rest] == sorted(lens[i] for i in rest)
+    assert [r.num_output_tokens for r in benched.requests] == lens
+
+
 def test_bench_sends_the_request_metadata_as_the_server_reads_it():
     from schedlab.runs.distributions import WorkloadRequest
     from schedlab.serve.bench import BenchOptions, request_body
 
     o = BenchOptions(base_url="http://x")
     w = WorkloadRequest([5, 6], 4, client_id="light", priority=2, deadline_ms=250,
-                        slo_class="chat")
+                        slo_class="chat", expected_output_len=3)
     body = request_body("m", [5, 6], w, o)
-    assert (body["user"], body["priority"], body["deadline_ms"], body["slo_class"]) == (
-        "light", 2, 250.0, "chat")
+    assert (body["user"], body["priority"], body["deadline_ms"], body["slo_class"],
+            body["expected_output_len"]) == ("light", 2, 250.0, "chat", 3)
     plain = request_body("m", [5, 6], WorkloadRequest([5, 6], 4), o)
-    assert not {"user", "priority", "deadline_ms", "slo_class"} & set(plain)  # vLLM-safe
+    assert not {"user", "priority", "deadline_ms", "slo_class", "expected_output_len"} & set(
+        plain)  # vLLM-safe

@@ -163,14 +163,17 @@ def test_request_metadata_reaches_the_engine(server, monkeypatch):
 
     def recording_add(*args, **kwargs):
         req = add(*args, **kwargs)
-        seen.append((req.client_id, req.priority, req.deadline_ms, req.slo_class))
+        seen.append((req.client_id, req.priority, req.deadline_ms, req.slo_class,
+                     req.expected_output_len))
         return req
 
     monkeypatch.setattr(engine, "add_request", recording_add)
-    body = {"prompt": [4, 5], "max_tokens": 4, "ignore_eos": True,
-            "user": "alice", "priority": -3, "deadline_ms": 500, "slo_class": "interactive"}
+    body = {"prompt": [4, 5], "max_tokens": 4, "ignore_eos": True, "user": "alice",
+            "priority": -3, "deadline_ms": 500, "slo_class": "interactive",
+            "expected_output_len": 3}
     assert httpx.post(server.base_url + "/v1/completions", json=body).status_code == 200
-    assert seen == [("alice", -3, 500.0, "interactive")]
-    bad = httpx.post(server.base_url + "/v1/completions",
-                     json={"prompt": [1], "priority": "high"})
-    assert bad.status_code == 400 and "priority" in bad.json()["error"]["message"]
+    assert seen == [("alice", -3, 500.0, "interactive", 3)]
+    for field, value in (("priority", "high"), ("expected_output_len", -1)):
+        bad = httpx.post(server.base_url + "/v1/completions",
+                         json={"prompt": [1], field: value})
+        assert bad.status_code == 400 and field in bad.json()["error"]["message"]

@@ -2,7 +2,8 @@
 
 Each request is sent at its arrival time (or when a seat frees, with `max_concurrency`) to
 `/v1/completions` with its prompt as token ids (exact lengths), `max_tokens`, `ignore_eos`,
-`stream: true` and its metadata (`user` = client id, `priority`, `deadline_ms`, `slo_class`).
+`stream: true` and its metadata (`user` = client id, `priority`, `deadline_ms`, `slo_class`,
+`expected_output_len`).
 A session's later turn is sent as `schedlab run` releases it: `think_time_s` after the previous
 turn's answer ended, its prompt the previous prompt + the answer + its new message.
 As `vllm bench serve` does, every streamed chunk that carries a choice is one
@@ -146,9 +147,9 @@ def request_body(model: str, prompt: list[int], w: WorkloadRequest,
                  o: BenchOptions) -> dict:
     """The JSON body of one request: the prompt as token ids, its length limits, and its
     metadata as the server reads it (OpenAI's `user` = the client id; vLLM's `priority`,
-    sent only when not 0 as vLLM refuses it without priority scheduling; `deadline_ms` and
-    `slo_class`, when set), and vLLM's `return_token_ids` (a session's next prompt holds the
-    answer's token ids)."""
+    sent only when not 0 as vLLM refuses it without priority scheduling; `deadline_ms`,
+    `slo_class` and `expected_output_len` (a length-aware queue's hint), when set), and
+    vLLM's `return_token_ids` (a session's next prompt holds the answer's token ids)."""
     body = {"model": model, "prompt": prompt, "max_tokens": w.max_tokens,
             "temperature": o.temperature, "ignore_eos": o.ignore_eos, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True}
@@ -160,6 +161,8 @@ def request_body(model: str, prompt: list[int], w: WorkloadRequest,
         body["deadline_ms"] = float(w.deadline_ms)
     if w.slo_class is not None:
         body["slo_class"] = str(w.slo_class)
+    if w.expected_output_len is not None:
+        body["expected_output_len"] = int(w.expected_output_len)
     return body
 
 
@@ -188,7 +191,8 @@ async def _send(client: httpx.AsyncClient, url: str, model: str, rid: str, promp
     req = Request(rid, list(prompt), SamplingParams(
         temperature=o.temperature, max_tokens=w.max_tokens, ignore_eos=o.ignore_eos),
         arrival_time=sent, priority=w.priority, client_id=w.client_id,
-        deadline_ms=w.deadline_ms, slo_class=w.slo_class)
+        deadline_ms=w.deadline_ms, slo_class=w.slo_class,
+        expected_output_len=w.expected_output_len)
     times: list[float] = []
     text: list[str] = []
     ids: list[int] = []

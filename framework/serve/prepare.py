@@ -91,7 +91,8 @@ def prepare(info: ModelInfo, raw: bytes, chat: bool) -> Prepared:
     shape = ResponseShape(chat, info.names[0])
     g = GenerateRequest(shape.id, ids, params, body.stop_strings, client_id=body.user,
                         priority=body.priority, deadline_ms=body.deadline_ms,
-                        slo_class=body.slo_class)
+                        slo_class=body.slo_class,
+                        expected_output_len=body.expected_output_len)
     return Prepared(g, shape, body.stream, body.include_usage, body.continuous_usage,
                     body.return_token_ids)
 

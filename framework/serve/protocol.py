@@ -59,7 +59,9 @@ class _Sampling(BaseModel):
     """The fields both endpoints share: OpenAI's names, vLLM's extras (`top_k`, `min_tokens`,
     `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `priority`, `return_token_ids`) and
     schedlab's request
-    metadata (`deadline_ms`, `slo_class`); OpenAI's `user` is the client id."""
+    metadata (`deadline_ms`, `slo_class`, `expected_output_len`: the output-length hint of a
+    length-aware queue, as `schedlab run`'s `workload.oracle_output_len`); OpenAI's `user` is
+    the client id."""
 
     model_config = _STRICT
 
@@ -85,6 +87,7 @@ class _Sampling(BaseModel):
     priority: int = 0
     deadline_ms: float | None = None
     slo_class: str | None = None
+    expected_output_len: int | None = None
     return_token_ids: bool = False
 
     def unsupported(self) -> str | None:
@@ -99,6 +102,8 @@ class _Sampling(BaseModel):
             return "stream_options can only be given with stream=true"
         if self.deadline_ms is not None and self.deadline_ms <= 0:
             return f"deadline_ms={self.deadline_ms:g} must be > 0"
+        if self.expected_output_len is not None and self.expected_output_len < 0:
+            return f"expected_output_len={self.expected_output_len} must be >= 0"
         return None
 
     @property
