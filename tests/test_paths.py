@@ -13,6 +13,7 @@ from schedlab.cluster import Cluster, ClusterConfig
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.faults import PluginContractError
+from schedlab.request import RequestStatus
 from schedlab.runs.driver import run_workload
 from schedlab.runs.metrics import compute_metrics
 from schedlab.runs.request_stats import RequestStats
@@ -367,6 +368,26 @@ def test_a_length_aware_queue_gets_the_output_length_hint_over_http():
     rest = order(benched)[1:]
     assert [lens[i] for i in rest] == sorted(lens[i] for i in rest)
     assert [r.num_output_tokens for r in benched.requests] == lens
+
+
+def test_a_request_a_policy_drops_once_queued_is_rejected_with_its_reason_over_http():
+    """EDF's `on_miss: drop` ends a queued request REJECTED with the reason: counted as
+    rejected (not failed) by `bench serve` as by `run`, the reason kept."""
+    from schedlab.runs.distributions import WorkloadRequest
+    from schedlab.serve.server import Server, ServerOptions
+
+    wl = [WorkloadRequest([5] * 16, 40, deadline_ms=60.0) for _ in range(6)]  # all at 0
+    cfg = sim(queue="edf", queue_options={"on_miss": "drop"}, max_num_seqs=1)
+    ran = compute_metrics(run_workload(Engine(cfg), wl))
+    with Server(cfg, ServerOptions(port=0, model_names=("sim",), log_level="warning")) as s:
+        run = _bench(s, wl)
+    benched = compute_metrics(run)
+    for m in (ran, benched):  # one runs at once, ~0.3 s each: the others miss 60 ms and go
+        assert m["num_failed"] == 0 and m["num_rejected"] >= 4
+        assert m["completed"] + m["num_rejected"] == len(wl)
+    dropped = [r for r in run.requests if r.status is RequestStatus.REJECTED]
+    assert len(dropped) == benched["num_rejected"]
+    assert all("edf: dropped after waiting" in r.reject_reason for r in dropped)
 
 
 def test_bench_sends_the_request_metadata_as_the_server_reads_it():

@@ -212,9 +212,13 @@ async def _send(client: httpx.AsyncClient, url: str, model: str, rid: str, promp
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
-                if "error" in chunk:
-                    return _failed(req, f"error mid-stream: {_message(data)}",
-                                   RequestStatus.FINISHED_ABORTED), []
+                if "error" in chunk:  # NOTE: a 4xx: the server rejected it once queued
+                    code = _code(chunk)
+                    rejected = code is not None and 400 <= code < 500
+                    return _failed(req, f"HTTP {code}: {_message(data)}" if rejected
+                                   else f"error mid-stream: {_message(data)}",
+                                   RequestStatus.REJECTED if rejected
+                                   else RequestStatus.FINISHED_ABORTED), []
                 choices = chunk.get("choices")
                 if choices:
                     times.append(time.perf_counter())
@@ -246,6 +250,13 @@ async def _send(client: httpx.AsyncClient, url: str, model: str, rid: str, promp
 def _failed(req: Request, reason: str, status: RequestStatus) -> Request:
     req.end(status, time.perf_counter(), reason)
     return req
+
+
+def _code(chunk: dict) -> int | None:
+    """The HTTP status an error chunk carries (OpenAI's `error.code`), or None."""
+    err = chunk.get("error")
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if type(code) is int else None
 
 
 def _message(text: str) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 from schedlab.clock import PacedClock, VirtualClock
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
-from schedlab.request import Request, RequestFailure, SamplingParams
+from schedlab.request import Request, RequestFailure, RequestStatus, SamplingParams
 from schedlab.serve.text import TextStream
 from schedlab.stats import EngineCounters
 
@@ -79,8 +79,10 @@ class StreamEvent:
         num_prompt_tokens: the prompt's length.
         num_output_tokens: output tokens so far (usage's `completion_tokens`).
         finish_reason: set on the last event: "stop", "length" or "abort".
-        error: a refusal: the request never ran (the message says why).
-        status: the HTTP status for `error` (400 rejected, 503 overloaded or draining).
+        error: a refusal (the request never ran), or its end: rejected by a policy once
+            queued, or failed (the message says why).
+        status: the HTTP status for `error` (400 rejected, 503 overloaded or draining, 500
+            failed).
         token_ids: the new output token ids since the last event (vLLM's `return_token_ids`
             answers with them; `bench serve` builds a session's next prompt from them).
     """
@@ -324,7 +326,12 @@ class EngineLoop:
             new = req.output_token_ids[a.num_sent_tokens:n]
             a.num_sent_tokens = n
             delta = a.text.add(new, final=req.is_finished)
-            if delta.stopped:
+            if req.status is RequestStatus.REJECTED:
+                if new:  # NOTE: what it produced before it was dropped, then the reason
+                    a.stream.put(StreamEvent(delta.text, req.num_prompt_tokens, n,
+                                             token_ids=list(new)))
+                self._reject(a)
+            elif delta.stopped:
                 self._end(a, "stop", delta.text, new)
             elif req.is_finished:
                 reason = req.finish_reason if req.finish_reason in ("stop", "length") else "abort"
@@ -348,6 +355,18 @@ class EngineLoop:
             except Exception:  # noqa: BLE001 - metrics must not break serving
                 log.exception("recording a finished request failed")
         self._num_done += 1  # last: once num_active drops, the metrics have it
+
+    def _reject(self, a: _Active) -> None:
+        """End a request the engine rejected after accepting it (a policy dropped it, e.g.
+        EDF's `on_miss: drop`) with its reason and status 400, as a rejection on arrival:
+        an error response, or an error event on a stream that had begun."""
+        req = a.request
+        del self._active[req.request_id]
+        self.engine.forget(req.request_id)
+        self._num_done += 1
+        a.stream.put(StreamEvent(error=req.reject_reason or "the engine rejected it", status=400,
+                                 num_prompt_tokens=req.num_prompt_tokens,
+                                 num_output_tokens=a.num_sent_tokens))
 
     def _fail(self, actives: list[_Active], message: str | dict[str, str]) -> None:
         """End these requests with an error event (the others go on); the gauges follow."""
