@@ -146,14 +146,26 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        priority: Sequence[int] | None = None,
+        client_id: Sequence[str | None] | None = None,
+        deadline_ms: Sequence[float | None] | None = None,
+        slo_class: Sequence[str | None] | None = None,
+        expected_output_len: Sequence[int | None] | None = None,
     ) -> Iterator[RequestOutput]:
-        """Like `generate`, but yields a cumulative `RequestOutput` each time a request gets
-        a token (and once for each rejected request), as the tokens are produced."""
-        batch = self._prepare(prompts, sampling_params, {})
+        """Like `generate` (the same arguments, the same metadata per prompt), but yields a
+        cumulative `RequestOutput` each time a request gets a token (and once for each
+        rejected request), as the tokens are produced."""
+        batch = self._prepare(prompts, sampling_params, {
+            "priority": priority, "client_id": client_id, "deadline_ms": deadline_ms,
+            "slo_class": slo_class, "expected_output_len": expected_output_len})
         reqs = []
         for w, sp, rid, text in zip(batch.workload, batch.params, batch.request_ids,
                                     batch.texts, strict=True):
-            reqs.append(self.engine.add_request(w.prompt_token_ids, sp, request_id=rid))
+            reqs.append(self.engine.add_request(
+                w.prompt_token_ids, sp, request_id=rid, priority=w.priority,
+                client_id=w.client_id, deadline_ms=w.deadline_ms, slo_class=w.slo_class,
+                expected_output_len=w.expected_output_len))
             self._prompts[rid] = text
         try:
             for r in reqs:

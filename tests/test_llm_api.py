@@ -81,3 +81,29 @@ def test_request_output_counts_cached_prompt_tokens_at_the_top_level():
     second, = llm.generate([prompt], SamplingParams(max_tokens=2))
     assert first.num_cached_tokens == 0
     assert second.num_cached_tokens == 48 == second.metrics.num_cached_tokens
+
+
+@pytest.mark.parametrize(("queue", "meta"), [
+    ("priority", {"priority": [3, 0, 2, 1]}),
+    ("sjf", {"expected_output_len": [9, 2, 7, 4]}),
+    ("edf", {"deadline_ms": [900.0, 100.0, 700.0, 300.0]}),
+])
+def test_stream_takes_generates_request_metadata(queue, meta):
+    """`stream` orders requests by the same per-prompt metadata as `generate`: one at a
+    time, request 1 first, then 3, 2, 0, with the same outputs."""
+    llm = LLM("llama3_8b", executor="sim", executor_options={"hardware": "h100"},
+              max_num_seqs=1, queue=queue)
+    prompts = [[5, 6, 7, 8]] * 4
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    tagged = {**meta, "client_id": ["a", "b", "a", "b"], "slo_class": ["x", "y", "x", "y"]}
+    streamed = {}
+    for out in llm.stream(prompts, sp, **tagged):
+        if out.finished:
+            streamed[out.request_id] = out
+    generated = llm.generate(prompts, sp, **tagged)
+    ids = [int(rid) for rid in streamed]  # in the order they finished
+    assert [i - min(ids) for i in ids] == [1, 3, 2, 0]
+    order = sorted(range(4), key=lambda k: generated[k].metrics.finished_time)
+    assert order == [1, 3, 2, 0]
+    for k, o in enumerate(streamed.values()):
+        assert o.outputs[0].token_ids == generated[order[k]].outputs[0].token_ids
