@@ -295,3 +295,21 @@ def test_percentile_keys_equal_one_percentile_call_each():
         assert list(got.values()) == [float(np.percentile(a, p)) for p in ps]
         assert list(got) == [f"p{w}_x_ms" for w in ("50", "90", "95", "99", "99.9", "0", "100")]
     assert percentile_keys("x", np.ones(3), ()) == {}
+
+
+@pytest.mark.parametrize("far", [5.0, 1e12, 1e15])
+def test_peak_output_rate_counts_whole_seconds_however_far_apart(far, monkeypatch):
+    """`max_output_tokens_per_s`: the most tokens in one whole second, the same whether the
+    run's tokens span seconds or 1e15 s (a near-zero arrival rate), chunks or not."""
+    from schedlab.runs import token_reads
+
+    reqs = [_request("a", 4, 0.0, 0.0, [0.1, 0.5, 0.9, 1.1]),  # 3 in second 0
+            _request("b", 4, 0.2, 0.2, [0.95, 1.5]),  # second 0 has 4; second 1 has 2
+            _request("c", 4, far, far, [far + 0.1, far + 0.2, far + 0.3])]
+    run = RunResult(requests=reqs, duration_s=far + 1.0, step_stats=[], num_preemptions=0,
+                    prefix_hit_rate=0.0)
+    assert compute_metrics(run)["max_output_tokens_per_s"] == 4.0
+    monkeypatch.setattr(token_reads, "CHUNK_TOKENS", 1)  # one request a chunk
+    assert compute_metrics(run)["max_output_tokens_per_s"] == 4.0
+    run.requests[2].metrics.token_times = [1.2, 1.3, 1.4]  # now second 1 has 5
+    assert compute_metrics(run)["max_output_tokens_per_s"] == 5.0

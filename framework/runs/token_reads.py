@@ -85,13 +85,17 @@ def itls(stats: RequestStats, done: np.ndarray) -> list[list[float]]:
 
 def peak_output_rate(stats: RequestStats) -> float:
     """The most output tokens of completed requests in one whole second of the run (vLLM's
-    `max_output_tokens_per_s`)."""
-    counts, first = np.zeros(0, np.int64), 0
+    `max_output_tokens_per_s`).
+
+    NOTE: counted over the seconds that have tokens (each chunk's distinct seconds, then
+    summed once): a run whose tokens span 1e12 s (a near-zero arrival rate, a trace's far
+    timestamps) costs what its tokens cost, not an array with one entry per second."""
+    keys, counts = [], []
     for times, _ in token_chunks(stats, stats.completed):
-        seconds = np.floor(times - stats.start_time).astype(np.int64)
-        lo = min(first, int(seconds.min())) if len(counts) else int(seconds.min())
-        hi = max(first + len(counts), int(seconds.max()) + 1)
-        grown = np.bincount(seconds - lo, minlength=hi - lo)
-        grown[first - lo: first - lo + len(counts)] += counts
-        counts, first = grown, lo
-    return float(counts.max()) if len(counts) else 0.0
+        seconds, n = np.unique(np.floor(times - stats.start_time), return_counts=True)
+        keys.append(seconds)
+        counts.append(n)
+    if not keys:
+        return 0.0
+    _, where = np.unique(np.concatenate(keys), return_inverse=True)
+    return float(np.bincount(where, weights=np.concatenate(counts)).max())
