@@ -24,6 +24,17 @@ from schedlab.request import Request, RequestStatus
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
+def named(value: object) -> str:
+    """A plugin's return value as a message names it: a request by its id, else its type."""
+    if isinstance(value, Request):
+        return f"request {value.request_id!r}"
+    if value is None:
+        return "None"
+    if type(value) is not tuple and isinstance(value, tuple) and len(value) == 2:
+        return f"{type(value).__name__}({named(value[0])}, {named(value[1])})"  # a Dropped
+    return f"{value!r:.40} ({type(value).__name__})"
+
+
 def _overrides(queue: RequestQueue, hook: str) -> bool:
     """Whether `queue` has its own `hook`, not `RequestQueue`'s default (class or instance)."""
     return (getattr(type(queue), hook) is not getattr(RequestQueue, hook)
@@ -192,6 +203,10 @@ class AdmissionControl:
             PluginFault: the queue returned a request that is running or has ended.
         """
         req = self.waiting.peek()
+        if not isinstance(req, Request):
+            raise PluginFault("queue", (
+                f"peek() returned {named(req)}, not a Request; peek() returns the head of the "
+                "queue (the engine calls it only when len() > 0)"))
         if req.status not in _QUEUED:
             raise PluginFault("queue", (
                 f"peek() returned request {req.request_id!r}, which is {req.status.name}, not "
@@ -211,7 +226,7 @@ class AdmissionControl:
         popped = self.waiting.pop()
         if popped is not request:
             raise PluginFault("queue", (
-                f"pop() returned request {popped.request_id!r} but peek() had just returned "
+                f"pop() returned {named(popped)} but peek() had just returned request "
                 f"{request.request_id!r}; pop() must remove and return the request peek() "
                 "returns"))
         reused = self.kv.allocate(request, num_tokens, prefix)
@@ -256,7 +271,7 @@ class AdmissionControl:
         freed = 0
         while victims and not kv.can_allocate(req, num_tokens):
             victim = queue.select_victim(victims)
-            victims.remove(victim)
+            _take_victim(victims, victim)
             sr = planned.get(id(victim))
             if sr is not None:
                 out.scheduled.remove(sr)
@@ -319,7 +334,7 @@ class AdmissionControl:
                            and queue.outranks(request, s.request)}
                 pool += [s.request for s in planned.values()]
             victim = self.waiting.select_victim(pool)
-            pool.remove(victim)
+            _take_victim(pool, victim)
             sr = planned.get(id(victim))
             if sr is not None:
                 out.scheduled.remove(sr)
@@ -329,3 +344,18 @@ class AdmissionControl:
                 return False
         self.kv.allocate(request, num_tokens)
         return True
+
+
+def _take_victim(candidates: list[Request], victim: object) -> None:
+    """Take the queue's `select_victim` choice out of `candidates`. Changes `candidates`.
+
+    Raises:
+        PluginFault: the queue chose something that is not one of them.
+    """
+    for k, r in enumerate(candidates):
+        if r is victim:
+            del candidates[k]
+            return
+    raise PluginFault("queue", (
+        f"select_victim() returned {named(victim)}, not one of the {len(candidates)} "
+        "candidates it was given; return one of them"))

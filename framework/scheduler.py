@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from itertools import chain, repeat
 from operator import add, attrgetter
 
-from schedlab.admission import AdmissionControl
+from schedlab.admission import AdmissionControl, named
 from schedlab.faults import PluginFault
 from schedlab.plan import SchedulerOutput
 from schedlab.request import Request, RequestStatus
@@ -58,6 +58,10 @@ class Scheduler(AdmissionControl, ABC):
         queue = self.waiting
         reason = queue.accept(request)
         if reason is not None:  # refused by the policy (e.g. a client over its rate limit)
+            if not isinstance(reason, str) or not reason:
+                raise PluginFault("queue", (
+                    f"accept() returned {named(reason)} for request {request.request_id!r}; "
+                    "return None to queue it or the reason it is refused (a non-empty str)"))
             self._reject(request, reason, request.arrival_time)
             return
         request.status = RequestStatus.WAITING
@@ -131,7 +135,7 @@ class Scheduler(AdmissionControl, ABC):
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
         if self._expire is not None:
-            for req, reason in self._expire(now):  # e.g. EDF: a deadline already missed
+            for req, reason in _dropped(self._expire(now)):  # e.g. EDF: a deadline missed
                 self._reject(req, reason, now)
                 finished.append(req)
         return finished
@@ -231,3 +235,24 @@ class Scheduler(AdmissionControl, ABC):
             assert not self.kv.allocator.block_table(r), f"waiting {r.request_id} holds KV"
             assert r.num_computed_tokens == 0 or self.kv.is_swapped(r), (
                 f"waiting {r.request_id} keeps computed tokens but its KV is not swapped out")
+
+
+def _dropped(dropped: object) -> list[tuple[Request, str]]:
+    """What the queue's `expire` returned, checked: a list of `Dropped(request, reason)`.
+
+    Raises:
+        PluginFault: anything else (one sentence naming what came back).
+    """
+    if type(dropped) is list and not dropped:  # NOTE: the common step: nothing expired
+        return dropped
+    if not isinstance(dropped, list | tuple):
+        raise PluginFault("queue", (
+            f"expire() returned {named(dropped)}; return a list of Dropped(request, reason) "
+            "([] when nothing expired)"))
+    for d in dropped:
+        if (not isinstance(d, tuple) or len(d) != 2 or not isinstance(d[0], Request)
+                or not isinstance(d[1], str) or not d[1]):
+            raise PluginFault("queue", (
+                f"expire() returned the entry {named(d)}; each entry is "
+                "Dropped(request, reason), the reason a non-empty str"))
+    return list(dropped)

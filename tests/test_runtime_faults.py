@@ -55,7 +55,39 @@ ROWS = {
     "pop() is not peek()": (
         {"queue": "twice_queue:NewestPopQueue"},
         "queue 'twice_queue:NewestPopQueue' pop() returned request '5' but peek() had just "
-        "returned '0'; pop() must remove and return the request peek() returns"),
+        "returned request '0'; pop() must remove and return the request peek() returns"),
+    "peek() returns None": (
+        {"queue": "bad_returns:PeekNoneQueue"},
+        "queue 'bad_returns:PeekNoneQueue' peek() returned None, not a Request; peek() "
+        "returns the head of the queue (the engine calls it only when len() > 0)"),
+    "pop() returns None": (
+        {"queue": "bad_returns:PopNoneQueue"},
+        "queue 'bad_returns:PopNoneQueue' pop() returned None but peek() had just returned "
+        "request '0'; pop() must remove and return the request peek() returns"),
+    "select_victim() returns None": (
+        {"queue": "bad_returns:VictimNoneQueue", "num_kv_blocks": 12},
+        "queue 'bad_returns:VictimNoneQueue' select_victim() returned None, not one of the 3 "
+        "candidates it was given; return one of them"),
+    "expire() returns None": (
+        {"queue": "bad_returns:ExpireNoneQueue"},
+        "queue 'bad_returns:ExpireNoneQueue' expire() returned None; return a list of "
+        "Dropped(request, reason) ([] when nothing expired)"),
+    "expire() returns bare requests": (
+        {"queue": "bad_returns:ExpireRawQueue"},
+        "queue 'bad_returns:ExpireRawQueue' expire() returned the entry request '4'; each "
+        "entry is Dropped(request, reason), the reason a non-empty str"),
+    "expire() gives a number as the reason": (
+        {"queue": "bad_returns:ExpireBadReasonQueue"},
+        "queue 'bad_returns:ExpireBadReasonQueue' expire() returned the entry Dropped(request"
+        " '4', 5 (int)); each entry is Dropped(request, reason), the reason a non-empty str"),
+    "accept() returns an int": (
+        {"queue": "bad_returns:AcceptIntQueue"},
+        "queue 'bad_returns:AcceptIntQueue' accept() returned 42 (int) for request '0'; "
+        "return None to queue it or the reason it is refused (a non-empty str)"),
+    "accept() returns no reason": (
+        {"queue": "bad_returns:AcceptEmptyQueue"},
+        "queue 'bad_returns:AcceptEmptyQueue' accept() returned '' (str) for request '0'; "
+        "return None to queue it or the reason it is refused (a non-empty str)"),
     "match claims blocks not held": (
         {"prefix_cache": "lying_caches:PhantomPrefixCache"},
         "prefix_cache 'lying_caches:PhantomPrefixCache' match() returned block 0, which it "
