@@ -18,16 +18,10 @@ from schedlab.faults import PluginFault
 from schedlab.kv_manager import KVCacheManager
 from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
 from schedlab.prefix_cache import PrefixMatch
-from schedlab.queue import RequestQueue
+from schedlab.queue import RequestQueue, overrides_hook
 from schedlab.request import Request, RequestStatus
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-
-
-def _overrides(queue: RequestQueue, hook: str) -> bool:
-    """Whether `queue` has its own `hook`, not `RequestQueue`'s default (class or instance)."""
-    return (getattr(type(queue), hook) is not getattr(RequestQueue, hook)
-            or hook in getattr(queue, "__dict__", ()))
 
 
 class AdmissionControl:
@@ -53,8 +47,8 @@ class AdmissionControl:
         queue.bind(kv)
         # NOTE: a hook the queue leaves as the base's no-op is not called per request (or per
         # step): looked up once, here, when the queue is bound.
-        self._on_token = queue.on_token if _overrides(queue, "on_token") else None
-        self._expire = queue.expire if _overrides(queue, "expire") else None
+        self._on_token = queue.on_token if overrides_hook(queue, "on_token") else None
+        self._expire = queue.expire if overrides_hook(queue, "expire") else None
 
     def num_tokens_to_run(self, remaining: int, budget: int) -> int:
         """How many of a request's `remaining` tokens fit this step (0: none).
