@@ -18,7 +18,7 @@ from schedlab.faults import PluginFault
 from schedlab.kv_manager import KVCacheManager
 from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
 from schedlab.prefix_cache import PrefixMatch
-from schedlab.queue import RequestQueue
+from schedlab.queue import RequestQueue, overrides_hook
 from schedlab.request import Request, RequestStatus
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -33,12 +33,6 @@ def named(value: object) -> str:
     if type(value) is not tuple and isinstance(value, tuple) and len(value) == 2:
         return f"{type(value).__name__}({named(value[0])}, {named(value[1])})"  # a Dropped
     return f"{value!r:.40} ({type(value).__name__})"
-
-
-def _overrides(queue: RequestQueue, hook: str) -> bool:
-    """Whether `queue` has its own `hook`, not `RequestQueue`'s default (class or instance)."""
-    return (getattr(type(queue), hook) is not getattr(RequestQueue, hook)
-            or hook in getattr(queue, "__dict__", ()))
 
 
 class AdmissionControl:
@@ -64,8 +58,8 @@ class AdmissionControl:
         queue.bind(kv)
         # NOTE: a hook the queue leaves as the base's no-op is not called per request (or per
         # step): looked up once, here, when the queue is bound.
-        self._on_token = queue.on_token if _overrides(queue, "on_token") else None
-        self._expire = queue.expire if _overrides(queue, "expire") else None
+        self._on_token = queue.on_token if overrides_hook(queue, "on_token") else None
+        self._expire = queue.expire if overrides_hook(queue, "expire") else None
 
     def num_tokens_to_run(self, remaining: int, budget: int) -> int:
         """How many of a request's `remaining` tokens fit this step (0: none).
@@ -271,7 +265,7 @@ class AdmissionControl:
         freed = 0
         while victims and not kv.can_allocate(req, num_tokens):
             victim = queue.select_victim(victims)
-            _take_victim(victims, victim)
+            take_victim(victims, victim)
             sr = planned.get(id(victim))
             if sr is not None:
                 out.scheduled.remove(sr)
@@ -334,7 +328,7 @@ class AdmissionControl:
                            and queue.outranks(request, s.request)}
                 pool += [s.request for s in planned.values()]
             victim = self.waiting.select_victim(pool)
-            _take_victim(pool, victim)
+            take_victim(pool, victim)
             sr = planned.get(id(victim))
             if sr is not None:
                 out.scheduled.remove(sr)
@@ -346,7 +340,7 @@ class AdmissionControl:
         return True
 
 
-def _take_victim(candidates: list[Request], victim: object) -> None:
+def take_victim(candidates: list[Request], victim: object) -> None:
     """Take the queue's `select_victim` choice out of `candidates`. Changes `candidates`.
 
     Raises:
@@ -359,3 +353,24 @@ def _take_victim(candidates: list[Request], victim: object) -> None:
     raise PluginFault("queue", (
         f"select_victim() returned {named(victim)}, not one of the {len(candidates)} "
         "candidates it was given; return one of them"))
+
+
+def checked_dropped(dropped: object) -> list[tuple[Request, str]]:
+    """What the queue's `expire` returned, checked: a list of `Dropped(request, reason)`.
+
+    Raises:
+        PluginFault: anything else (one sentence naming what came back).
+    """
+    if type(dropped) is list and not dropped:  # NOTE: the common step: nothing expired
+        return dropped
+    if not isinstance(dropped, list | tuple):
+        raise PluginFault("queue", (
+            f"expire() returned {named(dropped)}; return a list of Dropped(request, reason) "
+            "([] when nothing expired)"))
+    for d in dropped:
+        if (not isinstance(d, tuple) or len(d) != 2 or not isinstance(d[0], Request)
+                or not isinstance(d[1], str) or not d[1]):
+            raise PluginFault("queue", (
+                f"expire() returned the entry {named(d)}; each entry is "
+                "Dropped(request, reason), the reason a non-empty str"))
+    return list(dropped)

@@ -134,3 +134,10 @@ class RequestQueue(ABC):
 
     def __bool__(self) -> bool:
         return len(self) > 0
+
+
+def overrides_hook(queue: RequestQueue, hook: str) -> bool:
+    """Whether `queue` has its own `hook`, not `RequestQueue`'s default (class or instance), so
+    a caller may skip calling a no-op per request. No state change."""
+    return (getattr(type(queue), hook) is not getattr(RequestQueue, hook)
+            or hook in getattr(queue, "__dict__", ()))

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from itertools import chain, repeat
 from operator import add, attrgetter
 
-from schedlab.admission import AdmissionControl, named
+from schedlab.admission import AdmissionControl, checked_dropped, named
 from schedlab.faults import PluginFault
 from schedlab.plan import SchedulerOutput
 from schedlab.request import Request, RequestStatus
@@ -135,7 +135,7 @@ class Scheduler(AdmissionControl, ABC):
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
         if self._expire is not None:
-            for req, reason in _dropped(self._expire(now)):  # e.g. EDF: a deadline missed
+            for req, reason in checked_dropped(self._expire(now)):  # e.g. EDF: a deadline missed
                 self._reject(req, reason, now)
                 finished.append(req)
         return finished
@@ -236,23 +236,3 @@ class Scheduler(AdmissionControl, ABC):
             assert r.num_computed_tokens == 0 or self.kv.is_swapped(r), (
                 f"waiting {r.request_id} keeps computed tokens but its KV is not swapped out")
 
-
-def _dropped(dropped: object) -> list[tuple[Request, str]]:
-    """What the queue's `expire` returned, checked: a list of `Dropped(request, reason)`.
-
-    Raises:
-        PluginFault: anything else (one sentence naming what came back).
-    """
-    if type(dropped) is list and not dropped:  # NOTE: the common step: nothing expired
-        return dropped
-    if not isinstance(dropped, list | tuple):
-        raise PluginFault("queue", (
-            f"expire() returned {named(dropped)}; return a list of Dropped(request, reason) "
-            "([] when nothing expired)"))
-    for d in dropped:
-        if (not isinstance(d, tuple) or len(d) != 2 or not isinstance(d[0], Request)
-                or not isinstance(d[1], str) or not d[1]):
-            raise PluginFault("queue", (
-                f"expire() returned the entry {named(d)}; each entry is "
-                "Dropped(request, reason), the reason a non-empty str"))
-    return list(dropped)

@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from schedlab.clock import InstanceClock
 from schedlab.cluster.router import InstanceLoad
-from schedlab.cluster.transfer import (
-    KVTransfer,
-    admit_transferred,
-    can_admit,
-    reject_transferred,
-    take_prefilled,
-)
+from schedlab.cluster.transfer import ArrivedTransfers, KVTransfer, take_prefilled
 from schedlab.engine import Engine
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
@@ -71,8 +64,9 @@ class Instance:
         self.role = role
         #: requests routed here and not yet done here, by id
         self.in_flight: dict[str, Request] = {}
-        #: decode side: transfers whose KV arrived, waiting for a seat and blocks
-        self.pending: deque[KVTransfer] = deque()
+        #: decode side: transfers whose KV arrived, waiting for a seat and blocks in the order
+        #: of the engine's queue policy
+        self.pending = ArrivedTransfers(engine)
         self.num_routed = 0
         self.num_transfers_in = 0
         self.num_transfers_out = 0
@@ -169,7 +163,8 @@ class Instance:
         return req
 
     def step(self) -> None:
-        """Admit arrived KV transfers, then run one engine step. Changes state."""
+        """Admit arrived KV transfers, then run one engine step (its tokens counted by the
+        transfers' policy, `ArrivedTransfers.served`). Changes state."""
         self._load = None
         if self.pending:
             self.admit_pending()
@@ -182,36 +177,30 @@ class Instance:
             timed.resume()
         t0 = clock.now()
         try:
-            self.engine.step()
+            served = self.engine.step()
         finally:
             if timed is not None:
                 timed.pause()
             self._busy_time += clock.now() - t0
+        self.pending.served(served)
 
     def receive(self, transfer: KVTransfer) -> None:
         """A transfer's KV has arrived here: queue it for a seat. Changes state."""
         self._load = None
         if not self.engine.has_unfinished():
             self.engine.clock.sleep_until(transfer.ready_time)
-        self.pending.append(transfer)
+        self.pending.add(transfer)
         self.in_flight[transfer.request.request_id] = transfer.request
         self.num_transfers_in += 1
         self.admit_pending()
 
     def admit_pending(self) -> None:
-        """Move arrived transfers into the engine in arrival order while seats and KV allow;
-        one that cannot fit even an idle instance is rejected. Changes state."""
+        """Move arrived transfers into the engine in the order of its queue policy while seats
+        and KV allow (`ArrivedTransfers.admit`); one that cannot fit even an idle instance is
+        rejected. Changes state."""
         if self.pending:
             self._load = None
-        while self.pending:
-            t = self.pending[0]
-            if can_admit(self.engine, t):
-                admit_transferred(self.engine, t)
-            elif not self.engine.has_unfinished():
-                reject_transferred(self.engine, t, self.now())
-            else:
-                break
-            self.pending.popleft()
+            self.pending.admit(self.now())
 
     def take_done(self) -> list[Request]:
         """Requests routed here that ended here (finished, rejected, aborted), forgotten.
@@ -300,6 +289,7 @@ class Instance:
             assert fresh == kept, f"instance {self.index} kept the load {kept} but has {fresh}"
         for rid, r in self.in_flight.items():
             assert r.request_id == rid, f"instance {self.index} files {r.request_id} as {rid}"
+        self.pending.check_integrity()
         for t in self.pending:
             r = t.request
             assert r.request_id not in self.engine.requests and r.status is not \

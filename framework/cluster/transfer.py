@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from schedlab import registry
+from schedlab.admission import checked_dropped, named, take_victim
 from schedlab.engine import Engine
+from schedlab.faults import PluginContractError, PluginFault
+from schedlab.queue import Dropped, RequestQueue, overrides_hook
 from schedlab.request import MigratedRequest, Request, RequestStatus
+
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -70,3 +77,185 @@ def reject_transferred(engine: Engine, transfer: KVTransfer, now: float) -> None
     req.end(RequestStatus.REJECTED, now,
             f"its {transfer.num_tokens}-token prompt KV does not fit decode instance "
             f"{transfer.dst} ({engine.num_kv_blocks} KV blocks)")
+
+
+class ArrivedTransfers:
+    """The transfers whose KV has arrived on a decode instance and that wait for a seat and KV
+    blocks, admitted in the order of the decode engine's queue policy (vLLM V1's decode side:
+    a request whose remote KV has arrived waits like any other, and goes by the policy).
+
+    They wait in a queue of their own, of the decode engine's plugin and options
+    (`EngineConfig.queue`, built on the first arrival and bound to the engine's KV), which
+    sees what the engine's queue would see of them on one engine: `add` when the KV arrives,
+    `peek` / `pop` when one takes its seat (VTC charges its prompt then), `on_token` for every
+    token the decode engine produces (`served`), `outranks` / `select_victim` when the head has
+    a seat but not the KV (outranked running requests are preempted for it) and `expire` before
+    each admission (a policy may give up on one: it ends REJECTED with the reason). Not
+    `accept`: the prefill instance's queue took the request when it arrived.
+
+    NOTE: transfers are admitted before each step of the decode engine, ahead of the requests
+    it preempted itself (those wait in the engine's own queue), and the policy's head blocks
+    the rest (no skipping ahead), as the engine admits its waiting requests; under `fcfs` this
+    is the arrival order, as before the policy decided it. The engine's own queue still
+    orders what the engine preempts itself and picks its victims when KV runs out mid-decode,
+    with its own books (VTC: every decode token, not the prompts charged here).
+
+    Args:
+        engine: the decode instance's engine.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        #: the policy's queue of the waiting requests (None until the first transfer)
+        self.queue: RequestQueue | None = None
+        self._label = registry.describe(engine.config.queue)
+        self._by_request: dict[int, KVTransfer] = {}  # id(request) -> its transfer
+        self._on_token: Callable[[Request], None] | None = None
+        self._expire: Callable[[float], list[Dropped]] | None = None
+        self._outranks = False
+
+    def _build(self) -> RequestQueue:
+        cfg = self.engine.config
+        queue = registry.build(registry.resolve("queue", cfg.queue, cfg.queue_options))
+        queue.bind(self.engine.kv)
+        self.queue = queue
+        # NOTE: hooks a queue leaves as the base's no-ops are not called (as the scheduler does)
+        self._on_token = queue.on_token if overrides_hook(queue, "on_token") else None
+        self._expire = queue.expire if overrides_hook(queue, "expire") else None
+        self._outranks = overrides_hook(queue, "outranks")
+        return queue
+
+    # ---- queries (no state change) -------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._by_request)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_request)
+
+    def __iter__(self) -> Iterator[KVTransfer]:
+        """The waiting transfers in arrival order. No state change."""
+        return iter(self._by_request.values())
+
+    # ---- changes -------------------------------------------------------------------------
+    def add(self, transfer: KVTransfer) -> None:
+        """A transfer's KV has arrived: it waits at its place in the policy's order. Changes
+        state.
+
+        Raises:
+            PluginContractError: the queue's `add()` did not queue it exactly once.
+        """
+        queue = self.queue if self.queue is not None else self._build()
+        req = transfer.request
+        self._by_request[id(req)] = transfer
+        queue.add(req)
+        if len(queue) != len(self._by_request):
+            raise PluginContractError(
+                f"queue {self._label} add() of request {req.request_id!r} left {len(queue)} "
+                f"requests queued for {len(self._by_request)} arrived on the decode instance; "
+                "add() queues a request once")
+
+    def served(self, requests: Sequence[Request]) -> None:
+        """The decode engine's step gave each of `requests` a token: the policy counts it (its
+        `on_token`). Changes state (the policy's counters)."""
+        on_token = self._on_token
+        if on_token is not None:
+            for r in requests:
+                on_token(r)
+
+    def admit(self, now: float) -> None:
+        """Move the waiting transfers into the engine in the policy's order while seats and KV
+        allow, preempting running requests the head outranks for its KV; one that cannot fit
+        even an idle engine is rejected. Changes state.
+
+        Raises:
+            PluginContractError: the queue handed back a request that does not wait here.
+        """
+        queue, engine, waiting = self.queue, self.engine, self._by_request
+        if queue is None or not waiting:
+            return
+        if self._expire is not None:
+            for req, reason in self._checked(checked_dropped, self._expire(now)):
+                if waiting.pop(id(req), None) is None:
+                    raise self._fault("expire()", req)
+                req.end(RequestStatus.REJECTED, now, reason)
+        while waiting:
+            req = queue.peek()
+            t = waiting.get(id(req))
+            if t is None:
+                raise self._fault("peek()", req)
+            if can_admit(engine, t) or (self._outranks and self._preempt_for(t)):
+                fits = True
+            elif not engine.has_unfinished():
+                fits = False
+            else:
+                break
+            popped = queue.pop()
+            if popped is not req:
+                raise self._fault("pop()", popped)
+            del waiting[id(req)]
+            if fits:
+                admit_transferred(engine, t)
+            else:
+                reject_transferred(engine, t, now)
+
+    def _preempt_for(self, transfer: KVTransfer) -> bool:
+        """Preempt running requests the transfer's request outranks (`RequestQueue.outranks`),
+        the policy's victims first, until it can be admitted (recompute: there is no step to
+        carry a swap). Returns whether it can be now; nothing is preempted when even every
+        outranked request together would not free enough KV, or no seat is free. Changes
+        state."""
+        engine, queue, req = self.engine, self.queue, transfer.request
+        assert queue is not None
+        sched, kv = engine.scheduler, engine.kv
+        if len(sched.running) >= sched.config.max_num_seqs:
+            return False
+        victims = [r for r in sched.running if queue.outranks(req, r)]
+        if not victims:
+            return False
+        table = kv.allocator.block_table
+        extra = sum(len(table(v)) for v in victims)
+        if kv.prefix_cache is not None:
+            extra += kv.num_evictable_blocks()
+        if not kv.allocator.can_allocate(req, transfer.num_tokens + 1, num_extra_free=extra):
+            return False
+        while victims and not can_admit(engine, transfer):
+            victim = queue.select_victim(victims)
+            self._checked(take_victim, victims, victim)
+            sched.preempt(victim)
+        return can_admit(engine, transfer)
+
+    def clear(self) -> None:
+        """Drop every waiting transfer (a run cut short). Changes state."""
+        queue = self.queue
+        if queue is not None:
+            for t in self._by_request.values():
+                queue.remove(t.request)
+        self._by_request.clear()
+
+    def _checked(self, check: Callable[..., _T], *args: object) -> _T:
+        """`check(*args)` (one of admission's checks of a queue's answer), its fault named
+        on this queue as configured."""
+        try:
+            return check(*args)
+        except PluginFault as e:
+            raise PluginContractError(f"queue {self._label} {e.rule}") from None
+
+    def _fault(self, method: str, req: object) -> PluginContractError:
+        return PluginContractError(
+            f"queue {self._label} {method} returned {named(req)}, which is not "
+            "waiting for a seat on the decode instance; a queue hands back only requests it "
+            "was given and holds each once")
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if the policy's queue and the waiting transfers disagree."""
+        queue = self.queue
+        if queue is None:
+            assert not self._by_request, "transfers wait without a queue"
+            return
+        queue.check_integrity()
+        assert len(queue) == len(self._by_request), (
+            f"the decode queue holds {len(queue)} requests for {len(self._by_request)} "
+            "arrived transfers")
+        for r in queue:
+            t = self._by_request.get(id(r))
+            assert t is not None and t.request is r, f"{r.request_id} queued without its KV"
