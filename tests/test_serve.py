@@ -222,6 +222,11 @@ BAD = [
         "name": "f"}}]}, 400, "tools"),
     ("response_format", "chat/completions", {**CHAT, "response_format": {
         "type": "json_object"}}, 400, "response_format"),
+    ("completions tools", "completions", {**P, "tools": [{"type": "function", "function": {
+        "name": "f"}}]}, 400, "tools"),
+    ("completions response_format", "completions", {**P, "response_format": {
+        "type": "json_schema", "json_schema": {}}}, 400, "response_format"),
+    ("logprobs 0", "completions", {**P, "logprobs": 0}, 400, "logprobs"),
 ]
 
 

@@ -89,6 +89,8 @@ class _Sampling(BaseModel):
     slo_class: str | None = None
     expected_output_len: int | None = None
     return_token_ids: bool = False
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> str | None:
         """Why this body asks for something the server cannot do, or None."""
@@ -96,8 +98,13 @@ class _Sampling(BaseModel):
             return f"n={self.n}: only n=1 is supported"
         if self.best_of not in (None, 1):
             return f"best_of={self.best_of}: only best_of=1 is supported"
-        if self.logprobs not in (None, False):
+        if self.logprobs is not None and self.logprobs is not False:  # NOTE: 0 asks for some
             return "logprobs are not supported"
+        if self.tools:
+            return "tools (function calling) are not supported"
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            return (f"response_format {self.response_format.get('type')!r} is not supported; "
+                    "only text")
         if self.stream_options is not None and not self.stream:
             return "stream_options can only be given with stream=true"
         if self.deadline_ms is not None and self.deadline_ms <= 0:
@@ -167,21 +174,11 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     @property
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens
-
-    def unsupported(self) -> str | None:
-        if self.tools:
-            return "tools (function calling) are not supported"
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            return (f"response_format {self.response_format.get('type')!r} is not supported; "
-                    "only text")
-        return super().unsupported()
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The messages as a chat template takes them (text parts joined).
