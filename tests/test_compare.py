@@ -185,6 +185,17 @@ def test_cli_refuses_bad_input_in_one_sentence(tmp_path, capsys):
                                                           "--confidence", "95"])
 
 
+def test_cli_refuses_an_out_that_is_not_a_directory_in_one_sentence(tmp_path, capsys):
+    root = write_sweep(tmp_path / "sweep", seeds=range(3), rates=(4,))
+    taken = tmp_path / "existing_file.jsonl"
+    taken.write_text("{}\n")
+    err = _bad(tmp_path, capsys, [root, "--by", "scheduler.name", "--out", taken])
+    assert f"--out {taken} is a file; --out names a directory" in err
+    err = _bad(tmp_path, capsys, [root, "--by", "scheduler.name", "--out", taken / "sub"])
+    assert f"--out {taken / 'sub'}: cannot create or write into this directory" in err
+    assert taken.read_text() == "{}\n"
+
+
 def test_runs_without_seeds_to_pair_are_refused(tmp_path, capsys):
     one_seed = write_sweep(tmp_path / "one", seeds=[0], rates=(4,))
     err = _bad(tmp_path, capsys, [one_seed, "--by", "scheduler.name"])

@@ -70,6 +70,18 @@ def test_report_without_results_is_a_clear_error(tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
 
 
+def test_report_refuses_an_out_that_is_not_a_directory_in_one_sentence(tmp_path, capsys):
+    root = client_sweep(tmp_path / "sweep", seeds=range(2), rates=(2,))
+    taken = tmp_path / "existing_file.jsonl"
+    taken.write_text("{}\n")
+    for out, words in ((taken, "is a file; --out names a directory"),
+                       (taken / "sub", "cannot create or write into this directory")):
+        assert main([str(root), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"schedlab report: error: --out {out}") and words in err, err
+        assert "Traceback" not in err and err.count("\n") == 1
+
+
 def client_sweep(root, seeds=range(4), rates=(2, 10)):
     """queue x rate x seed, run directories numbered 0..N-1 (string order would put 10 before
     2), each run with two clients; vtc halves the light client's TTFT."""

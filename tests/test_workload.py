@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 
@@ -271,6 +272,69 @@ def test_malformed_trace_names_file_and_line(tmp_path, fmt, name, text, line, wo
         assert w in msg, msg
 
 
+AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+ROW = '{"prompt_tokens": 3, "output_tokens": 2}\n'
+
+
+@pytest.mark.parametrize("fmt,name,text,line,words", [
+    ("azure", "t.csv", AZURE_HEAD + "1e308,10,5\n-1e308,10,5\n", 3, ["TIMESTAMP", ">= 0"]),
+    ("azure", "t.csv", AZURE_HEAD + "0,10,5\n1e308,10,5\n", 3, ["TIMESTAMP", "line 2", "1e+09 s"]),
+    ("burstgpt", "t.csv", "Timestamp,Model,Request tokens,Response tokens\n"
+     "0,ChatGPT,10,5\n2e9,ChatGPT,10,5\n", 3, ["Timestamp", "2e+09 s"]),
+    ("jsonl", "t.jsonl", '{"prompt_tokens": 3, "output_tokens": 2, "arrival_s": 1e308}\n'
+     '{"prompt_tokens": 3, "output_tokens": 2, "arrival_s": 0}\n', 1, ["arrival_s", "1e+09 s"]),
+    ("jsonl", "t.jsonl", '{"prompt_tokens": 3, "output_tokens": 2, "arrival_s": 1' + "0" * 400
+     + "}\n", 1, ["arrival_s", "finite"]),
+    ("jsonl", "t.jsonl", ROW + '{"prompt_tokens": 10000000000000, "output_tokens": 5}\n', 2,
+     ["prompt_tokens", "10,000,000 tokens"]),
+    ("jsonl", "t.jsonl", '{"prompt_tokens": 3, "output_tokens": 10000000000000}\n', 1,
+     ["output_tokens", "10,000,000 tokens"]),
+    ("azure", "t.csv", AZURE_HEAD + "0,1e13,5\n", 2, ["ContextTokens", "10,000,000 tokens"]),
+    ("jsonl", "t.jsonl", ROW + "[" * 100_000 + "\n", 2, ["invalid JSON", "nested too deeply"]),
+    ("sharegpt", "t.json", "[\n" + "[" * 100_000 + "\n", 2, ["nested too deeply"]),
+    ("jsonl", "t.jsonl", '{"prompt_tokens": 3, "output_tokens": ' + "9" * 5000 + "}\n", 1,
+     ["invalid JSON", "4300 digits"]),
+    ("azure", "t.csv", AZURE_HEAD + "0,10,5\n1,10," + "5" * 140_000 + "\n", 3,
+     ["not readable as CSV", "field limit"]),
+], ids=["azure-negative-time", "azure-time-span", "burstgpt-time-span", "jsonl-time-span",
+        "jsonl-time-overflow", "jsonl-prompt-count", "jsonl-output-count", "azure-prompt-count",
+        "jsonl-nesting", "sharegpt-nesting", "jsonl-long-int", "csv-long-field"])
+def test_out_of_bounds_trace_row_names_file_and_line(tmp_path, fmt, name, text, line, words):
+    """Rows a reader could parse but no run could replay (an arrival ~1e308 s away, 1e13
+    prompt tokens, JSON nested past the parser's depth, a CSV field over its limit) are refused
+    with the file and line, not a MemoryError, RecursionError or a run that never ends."""
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(WorkloadError) as e:
+        build_workload({"type": "trace", "format": fmt, "path": str(p)}, VOCAB)
+    msg = str(e.value)
+    assert msg.startswith(f"{name} line {line}: "), msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_schedlab_run_refuses_an_out_of_bounds_timestamp_in_one_line(tmp_path, capsys):
+    """It used to run with an infinite arrival and end in a RuntimeError blaming a plugin."""
+    from schedlab.cli import main
+
+    p = tmp_path / "x.csv"
+    p.write_text(AZURE_HEAD + "0,10,5\n1e308,10,5\n")
+    rc = main(["run", "executor=sim", "model=llama3_8b", "hardware=h100", "workload=azure",
+               f"workload.path={p}", "logger=none", "plots=false", "print_table=false",
+               "driver.progress=false", f"hydra.run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("schedlab: error: x.csv line 3: TIMESTAMP: ") and err.count("\n") == 1
+
+
+def test_time_scale_must_be_finite_and_keep_the_trace_in_bounds():
+    with pytest.raises(WorkloadError, match="time_scale=inf must be a finite number"):
+        build_workload(trace("azure", "azure_sample.csv", time_scale=math.inf), VOCAB)
+    with pytest.raises(WorkloadError, match=r"azure_sample.csv line \d+: TIMESTAMP: .* at "
+                                            r"time_scale=1e\+300"):
+        build_workload(trace("azure", "azure_sample.csv", time_scale=1e300), VOCAB)
+
+
 def test_lengths_below_one_token_are_refused():
     for spec in ({"input_len": -5, "output_len": 4}, {"input_len": 8, "output_len": 0},
                  {"input_len": {"dist": "fixed", "value": 0}, "output_len": 4}):
@@ -283,6 +347,10 @@ def test_trace_that_is_not_utf8_or_has_a_bom(tmp_path):
     bad.write_bytes(b'\xff\xfe garbage\n')
     with pytest.raises(WorkloadError, match="latin.jsonl: not UTF-8 text"):
         build_workload({"type": "trace", "format": "jsonl", "path": str(bad)}, 512)
+    for sessions in (False, True):  # NOTE: the sessions reader is another path to the bytes
+        with pytest.raises(WorkloadError, match="latin.jsonl: not UTF-8 text"):
+            build_workload({"type": "trace", "format": "sharegpt", "path": str(bad),
+                            "sessions": sessions}, 512)
     bom = tmp_path / "azure.csv"
     bom.write_text("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n0.0,12,5\n1.5,20,3\n",
                    encoding="utf-8")

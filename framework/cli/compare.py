@@ -14,6 +14,7 @@ from typing import Any
 
 from schedlab.runs.compare import CompareError, CompareReport, compare_runs, load_runs
 from schedlab.runs.metric_diff import BOOTSTRAPS, DEFAULT_METHOD, METHODS, TOO_FEW
+from schedlab.runs.report import out_dir_error
 
 PROG = "schedlab compare"
 
@@ -62,11 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     md = to_markdown(report, f"{len(runs)} runs under `{args.dir}`")
     out = args.out if args.out is not None else args.dir
-    out.mkdir(parents=True, exist_ok=True)
     md_path, csv_path = out / f"compare_{args.by}.md", out / f"compare_{args.by}.csv"
-    md_path.write_text(md)
-    with csv_path.open("w", newline="") as f:
-        csv.writer(f).writerows(to_rows(report))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(md)
+        with csv_path.open("w", newline="") as f:
+            csv.writer(f).writerows(to_rows(report))
+    except OSError as e:
+        print(f"{PROG}: error: {out_dir_error(out, e, args.out is not None)}", file=sys.stderr)
+        return 2
     print(md)
     print(f"wrote {md_path}\nwrote {csv_path}")
     return 0

@@ -68,18 +68,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write report.md, report.csv and plots (default: DIR)")
     args = parser.parse_args(argv)
+    out = args.out if args.out is not None else args.dir
     try:
         runs = find_runs(args.dir)
-        out = args.out if args.out is not None else args.dir
         paths, table = write_report(runs, out)
     except ReportError as e:
         print(f"schedlab report: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"schedlab report: error: {out_dir_error(out, e, args.out is not None)}",
+              file=sys.stderr)
         return 2
     print(table)
     print()
     for p in paths:
         print(f"wrote {p}")
     return 0
+
+
+def out_dir_error(out: Path, e: OSError, flag: bool) -> str:
+    """The sentence for an output directory that cannot be made or written into (`flag`: it
+    came from `--out`)."""
+    where = f"--out {out}" if flag else str(out)
+    if out.exists() and not out.is_dir():
+        return f"{where} is a file; --out names a directory to write into"
+    return f"{where}: cannot create or write into this directory ({e.strerror or e})"
 
 
 def find_runs(root: Path) -> list[RunRecord]:

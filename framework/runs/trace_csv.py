@@ -12,11 +12,12 @@ import re
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
 from schedlab.runs.distributions import random_tokens
-from schedlab.runs.trace_rows import TraceRow, row_error
+from schedlab.runs.trace_rows import TraceRow, row_error, token_count
 
 #: format -> (timestamp, prompt tokens, output tokens) column names
 CSV_COLUMNS = {
@@ -33,8 +34,8 @@ def read_csv(path: Path, fmt: str, vocab_size: int, rng: np.random.Generator,
     rows."""
     cols = CSV_COLUMNS[fmt]
     with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
-        header = [h.strip() for h in next(reader, [])]
+        lines = _csv_lines(f, path)
+        header = [h.strip() for h in next(lines, (1, []))[1]]
         missing = [c for c in cols if c not in header]
         if missing:
             raise row_error(path, 1,
@@ -43,8 +44,7 @@ def read_csv(path: Path, fmt: str, vocab_size: int, rng: np.random.Generator,
         model_idx = header.index("Model") if "Model" in header else None
         extra: dict[str, int] = {k: header.index(k) for k in (
             "client_id", "priority", "slo_class", "deadline_ms") if k in header}
-        for row in reader:
-            line = reader.line_num
+        for line, row in lines:
             if not any(c.strip() for c in row):
                 continue
             if len(row) != len(header):
@@ -55,7 +55,25 @@ def read_csv(path: Path, fmt: str, vocab_size: int, rng: np.random.Generator,
             n_in = _count(row[idx[1]], path, line, cols[1])
             n_out = _count(row[idx[2]], path, line, cols[2])
             yield TraceRow(t, random_tokens(rng, n_in, vocab_size), n_out,
-                           *_tenant_columns(row, extra, path, line))
+                           *_tenant_columns(row, extra, path, line), line=line)
+
+
+def _csv_lines(f: TextIO, path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(line, fields) for each CSV record; a record `csv` cannot read (a field over its
+    131,072-character limit, a NUL byte) raises `WorkloadError` naming its line.
+
+    NOTE: the field limit stays: these traces hold numbers and short names, so a field that
+    long is a corrupt or wrong file, not a prompt to keep.
+    """
+    reader = csv.reader(f)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise row_error(path, reader.line_num, f"not readable as CSV ({e})") from None
+        yield reader.line_num, row
 
 
 def _tenant_columns(row: list[str], extra: dict[str, int], path: Path,
@@ -84,14 +102,14 @@ def _count(value: str, path: Path, line: int, col: str) -> int:
         f = math.nan
     if not math.isfinite(f) or f < 0 or f != int(f):
         raise row_error(path, line, f"{col}={value!r} is not a token count (an integer >= 0)")
-    return int(f)
+    return token_count(int(f), path, line, col)
 
 
 def _timestamp(value: str, path: Path, line: int, col: str) -> float:
     value = value.strip()
     try:
         t = float(value)
-        if math.isfinite(t):
+        if math.isfinite(t) and t >= 0:
             return t
     except ValueError:
         m = _DATETIME.match(value)
@@ -99,5 +117,5 @@ def _timestamp(value: str, path: Path, line: int, col: str) -> float:
             day = datetime.fromisoformat(m.group(1)).toordinal() * 86400.0
             h, mi, s = int(m.group(2)), int(m.group(3)), float(m.group(4))
             return day + 3600 * h + 60 * mi + s
-    raise row_error(path, line, f"{col}={value!r} is not a timestamp (seconds or "
+    raise row_error(path, line, f"{col}={value!r} is not a timestamp (seconds >= 0 or "
                                 "'YYYY-MM-DD HH:MM:SS.ffff')")

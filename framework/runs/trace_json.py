@@ -19,7 +19,7 @@ from schedlab.runs.distributions import (
     sample_seconds,
 )
 from schedlab.runs.sessions import session_requests
-from schedlab.runs.trace_rows import TraceRow, row_error, text_to_token_ids
+from schedlab.runs.trace_rows import TraceRow, row_error, text_to_token_ids, token_count
 
 
 # ---- ShareGPT --------------------------------------------------------------------------
@@ -37,7 +37,7 @@ def read_sharegpt(path: Path, vocab_size: int) -> Iterator[TraceRow]:
                 raise row_error(path, line, "a turn in 'conversations' needs a string 'value'")
             texts.append(turn["value"])
         reply = text_to_token_ids(texts[1], vocab_size)
-        yield TraceRow(None, text_to_token_ids(texts[0], vocab_size), len(reply))
+        yield TraceRow(None, text_to_token_ids(texts[0], vocab_size), len(reply), line=line)
 
 
 def read_sharegpt_sessions(path: Path, spec: Mapping[str, Any], vocab_size: int,
@@ -82,16 +82,25 @@ def read_sharegpt_sessions(path: Path, spec: Mapping[str, Any], vocab_size: int,
 
 
 def json_records(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line, value) for each element of a JSON array, or each line of a JSONL file."""
+    """(line, value) for each element of a JSON array, or each line of a JSONL file.
+
+    Raises:
+        WorkloadError: a value that is not JSON, nested too deeply for the parser, or holds
+            an integer too long for Python to read, naming its line.
+        UnicodeDecodeError: the file is not UTF-8 (`load_trace` words it).
+    """
     text = path.read_text(encoding="utf-8-sig")
     stripped = text.lstrip()
     if not stripped.startswith("["):
         for n, raw in enumerate(text.splitlines(), 1):
             if raw.strip():
                 try:
-                    yield n, json.loads(raw)
+                    value = json.loads(raw)
                 except json.JSONDecodeError as e:
                     raise row_error(path, n, f"invalid JSON: {e.msg} (column {e.colno})") from None
+                except (RecursionError, ValueError) as e:
+                    raise row_error(path, n, _unreadable(e)) from None
+                yield n, value
         return
     dec = json.JSONDecoder()
     pos = len(text) - len(stripped) + 1
@@ -104,6 +113,8 @@ def json_records(path: Path) -> Iterator[tuple[int, Any]]:
             value, pos = dec.raw_decode(text, pos)
         except json.JSONDecodeError as e:
             raise row_error(path, e.lineno, f"invalid JSON: {e.msg} (column {e.colno})") from None
+        except (RecursionError, ValueError) as e:
+            raise row_error(path, line, _unreadable(e)) from None
         yield line, value
         pos = _skip_ws(text, pos)
         if pos < len(text) and text[pos] == ",":
@@ -111,6 +122,14 @@ def json_records(path: Path) -> Iterator[tuple[int, Any]]:
         elif pos >= len(text) or text[pos] != "]":
             at = text.count("\n", 0, pos) + 1
             raise row_error(path, at, "invalid JSON: expected ',' or ']' after an array element")
+
+
+def _unreadable(e: RecursionError | ValueError) -> str:
+    """Why a value that is valid JSON cannot be read: nested deeper than Python's parser goes,
+    or an integer over its 4300-digit limit."""
+    if isinstance(e, RecursionError):
+        return "invalid JSON: nested too deeply to read"
+    return f"invalid JSON: {str(e).split(':')[0]}"
 
 
 def _skip_ws(text: str, pos: int) -> int:
@@ -128,13 +147,14 @@ def read_jsonl(path: Path, vocab_size: int, rng: np.random.Generator) -> Iterato
         if not isinstance(obj, dict):
             raise row_error(path, line, f"expected a JSON object, got {type(obj).__name__}")
         t = obj.get("arrival_s")
-        if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)
-                              or not math.isfinite(t) or t < 0):
-            raise row_error(path, line, f"arrival_s={t!r} must be a number >= 0")
+        arrival = None if t is None else _finite(t)
+        if t is not None and (arrival is None or arrival < 0):
+            raise row_error(path, line, f"arrival_s={t!r} must be a finite number >= 0")
         if "prompt_tokens" in obj:
             p = obj["prompt_tokens"]
             if isinstance(p, int) and not isinstance(p, bool) and p >= 0:
-                prompt = random_tokens(rng, p, vocab_size)
+                prompt = random_tokens(rng, token_count(p, path, line, "prompt_tokens"),
+                                       vocab_size)
             elif isinstance(p, list) and all(isinstance(x, int) and 0 <= x < vocab_size for x in p):
                 prompt = list(p)
             else:
@@ -147,14 +167,26 @@ def read_jsonl(path: Path, vocab_size: int, rng: np.random.Generator) -> Iterato
         n_out = obj.get("output_tokens")
         if isinstance(n_out, bool) or not isinstance(n_out, int) or n_out < 0:
             raise row_error(path, line, f"output_tokens={n_out!r} must be an integer >= 0")
+        token_count(n_out, path, line, "output_tokens")
         priority = obj.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise row_error(path, line, f"priority={priority!r} must be an integer")
-        deadline = obj.get("deadline_ms")
-        if deadline is not None and (isinstance(deadline, bool) or not isinstance(
-                deadline, int | float) or not deadline > 0):
-            raise row_error(path, line, f"deadline_ms={deadline!r} must be a positive number")
+        dl = obj.get("deadline_ms")
+        deadline = None if dl is None else _finite(dl)
+        if dl is not None and (deadline is None or not deadline > 0):
+            raise row_error(path, line, f"deadline_ms={dl!r} must be a finite positive number")
         client, tier = obj.get("client_id"), obj.get("slo_class")
-        yield TraceRow(None if t is None else float(t), prompt, n_out, priority,
+        yield TraceRow(arrival, prompt, n_out, priority,
                        None if client is None else str(client), None if tier is None else str(tier),
-                       None if deadline is None else float(deadline))
+                       deadline, line=line)
+
+
+def _finite(v: Any) -> float | None:
+    """`v` as a float if it is a finite JSON number (an int too large for a float is not)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None

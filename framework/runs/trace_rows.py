@@ -1,5 +1,6 @@
 """What every trace reader produces: one `TraceRow` per file row, the `WorkloadError` that names
-the file and line of a bad one, and the stand-in tokenizer that maps prompt text to ids."""
+the file and line of a bad one, the bounds a row must keep, and the stand-in tokenizer that maps
+prompt text to ids."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 from schedlab.runs.distributions import FIRST_TOKEN_ID, WorkloadError
+
+#: the most tokens a trace row's prompt or output may have: longer than any model's context
+#: (the longest, Llama 4 Scout's, is 10M); a count beyond it is a corrupt row, and would
+#: otherwise be drawn as that many random ids
+MAX_TRACE_TOKENS = 10_000_000
+#: the longest a trace may span (s), its latest arrival after its earliest, after
+#: `time_scale`: about 32 years; beyond it a timestamp is corrupt (or in the wrong unit)
+MAX_TRACE_SECONDS = 1e9
 
 
 class TraceRow(NamedTuple):
@@ -21,6 +30,7 @@ class TraceRow(NamedTuple):
     client_id: str | None = None
     slo_class: str | None = None
     deadline_ms: float | None = None
+    line: int = 0  # the file line it came from (the first line of a multi-line JSON value)
 
 
 _PIECE = re.compile(r"\w{1,4}|[^\w\s]")
@@ -36,3 +46,15 @@ def text_to_token_ids(text: str, vocab_size: int) -> list[int]:
 def row_error(path: Path, line: int, what: str) -> WorkloadError:
     """The error for a row that cannot be read: `<file> line <n>: <what>`."""
     return WorkloadError(f"{path.name} line {line}: {what}")
+
+
+def token_count(n: int, path: Path, line: int, field: str) -> int:
+    """`n`, a row's token count, checked against `MAX_TRACE_TOKENS`.
+
+    Raises:
+        WorkloadError: `n` is larger, naming the file, line and field.
+    """
+    if n > MAX_TRACE_TOKENS:
+        raise row_error(path, line, f"{field}={n} is more than {MAX_TRACE_TOKENS:,} tokens, "
+                                    "longer than any model's context")
+    return n
