@@ -220,3 +220,20 @@ def test_router_contract_in_plugins_check(router, sentence, capsys):
     assert f"router '{router}'\n" in out and f"  FAIL  contract: {sentence}\n" in out
     assert "  ok    cluster runs: 2 runs of 3 instances" in out  # round_robin
     assert "2 plugins checked: 1 passed, 1 failed" in out
+
+
+@pytest.mark.parametrize("router,sentence", [
+    ("bad_routers:RaisingRouter", "router 'bad_routers:RaisingRouter' raised "
+     "RuntimeError('route boom') in select() (bad_routers.py:23)"),
+    ("bad_routers:RaisingOnFinishedRouter", "router 'bad_routers:RaisingOnFinishedRouter' "
+     "raised KeyError('done') in on_finished() (bad_routers.py:31)"),
+])
+def test_a_router_that_raises_is_named_in_one_line(router, sentence, tmp_path, capsys):
+    """A router's exception in a cluster run: one line naming it, its method and line."""
+    from schedlab.cli import main
+
+    rc = main(["run", "executor=sim", "model=llama3_8b", "hardware=h100", "cluster=replicas",
+               f"router={router}", "workload.num_requests=4", "driver.progress=false",
+               "print_table=false", "logger=none", "plots=false", f"hydra.run.dir={tmp_path}"])
+    assert rc == 2
+    assert capsys.readouterr().err == f"schedlab: error: {sentence}\n"

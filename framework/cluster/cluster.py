@@ -18,6 +18,7 @@ from schedlab.cluster.router import InstanceLoad, Router
 from schedlab.cluster.transfer import KVTransfer
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
+from schedlab.faults import PluginContractError, PluginSlot, blame
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.run_result import RunResult
@@ -211,10 +212,17 @@ class Cluster:
                             client_id=w.client_id, deadline_ms=w.deadline_ms,
                             slo_class=w.slo_class, expected_output_len=w.expected_output_len)
             loads = _Loads(pool, probe if self.router.uses_prefix else None)
-            j = self._checked(self.router, self.router.select(probe, loads), len(pool))
+            try:
+                choice = self.router.select(probe, loads)
+            except Exception as e:
+                raise self._blame(e, self.router, "select") from e
+            j = self._checked(self.router, choice, len(pool))
         inst = pool[j]
         req = inst.add(request_id, prompt, params, arrival, w)
-        self.router.on_routed(req, j)
+        try:
+            self.router.on_routed(req, j)
+        except Exception as e:
+            raise self._blame(e, self.router, "on_routed") from e
         self._record.routed[k] = req
         return inst, req
 
@@ -255,7 +263,10 @@ class Cluster:
         if role is Role.PREFILL:
             for req, num_tokens, data in inst.take_prefilled():
                 self._start_transfer(inst, req, num_tokens, data)
-                self.router.on_finished(req, inst.index)
+                try:
+                    self.router.on_finished(req, inst.index)
+                except Exception as e:
+                    raise self._blame(e, self.router, "on_finished") from e
                 moved = True
         done = inst.take_done()
         if not done:
@@ -266,9 +277,18 @@ class Cluster:
             router, j = self.decode_router, inst.index - len(self.entry)
         else:
             router, j = self.router, inst.index
-        for req in done:
-            router.on_finished(req, j)
+        try:
+            for req in done:
+                router.on_finished(req, j)
+        except Exception as e:
+            raise self._blame(e, router, "on_finished") from e
         return done, True
+
+    def _blame(self, exc: Exception, router: Router, method: str) -> PluginContractError:
+        """The one-sentence error for what a router call raised (`schedlab.faults.blame`):
+        `router 'name' raised ... in select() (file:line)`, the original as its cause."""
+        slot = PluginSlot("router", router, registry.describe(self.config.router))
+        return blame(exc, [slot], slot, method, None)
 
     def _checked(self, router: Router, j: object, n: int) -> int:
         if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < n:
@@ -281,10 +301,16 @@ class Cluster:
                         data: list | None) -> None:
         assert self.decode_router is not None
         loads = [_reindex(d.load(), j) for j, d in enumerate(self.decode)]
-        j = self._checked(self.decode_router, self.decode_router.select(req, loads),
-                          len(self.decode))
+        try:
+            choice = self.decode_router.select(req, loads)
+        except Exception as e:
+            raise self._blame(e, self.decode_router, "select") from e
+        j = self._checked(self.decode_router, choice, len(self.decode))
         dst = self.decode[j]
-        self.decode_router.on_routed(req, j)
+        try:
+            self.decode_router.on_routed(req, j)
+        except Exception as e:
+            raise self._blame(e, self.decode_router, "on_routed") from e
         spec = dst.engine.kv_spec
         num_blocks = -(-num_tokens // spec.block_size)  # whole blocks move, as paged KV does
         num_bytes = num_blocks * spec.bytes_per_block
