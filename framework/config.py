@@ -125,7 +125,7 @@ class EngineConfig:
         parse_bytes(self.swap_space, "swap_space")
         if self.block_size & (self.block_size - 1):
             raise ConfigError(
-                f"block_size={self.block_size} must be a power of two (1, 2, 4, ... 256)"
+                f"block_size={self.block_size} must be a power of two (1, 2, 4, 8, 16, ...)"
             )
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ConfigError(

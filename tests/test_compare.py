@@ -183,6 +183,8 @@ def test_cli_refuses_bad_input_in_one_sentence(tmp_path, capsys):
     assert "output_throughput" in err
     assert "between 0 and 1" in _bad(tmp_path, capsys, [root, "--by", "scheduler.name",
                                                           "--confidence", "95"])
+    assert "at least 1 pair" in _bad(tmp_path, capsys, [root, "--by", "scheduler.name",
+                                                         "--min-pairs", "-1"])
 
 
 def test_cli_refuses_an_out_that_is_not_a_directory_in_one_sentence(tmp_path, capsys):

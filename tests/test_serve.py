@@ -434,6 +434,8 @@ def test_command_line_errors_are_one_line(capsys):
     assert "--max-waiting" in capsys.readouterr().out
     assert main(["serve", "--port", "http"]) == 2
     assert "--port" in capsys.readouterr().err
+    assert main(["serve", "--drain-timeout", "-5"]) == 2
+    assert "--drain-timeout must be >= 0" in capsys.readouterr().err
     assert main(["serve", "scheduler=nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("schedlab: error: scheduler='nope'") and "continuous" in err

@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write compare_<by>.md and .csv (default: DIR)")
     args = parser.parse_args(argv)
+    if args.min_pairs is not None and args.min_pairs < 1:
+        print(f"{PROG}: error: --min-pairs {args.min_pairs}: a verdict needs at least 1 pair",
+              file=sys.stderr)
+        return 2
     metrics = ([m for arg in args.metrics for m in arg.split(",") if m]
                if args.metrics else None)
     try:

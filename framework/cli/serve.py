@@ -102,6 +102,9 @@ def serve_main(argv: Sequence[str]) -> int:
     if not 0 <= ns.port <= 65535:
         return _usage_error("schedlab serve", f"--port {ns.port} is not a TCP port",
                             SERVE_USAGE)
+    if not ns.drain_timeout >= 0:  # NOTE: NaN too
+        return _usage_error("schedlab serve", "--drain-timeout must be >= 0 (seconds)",
+                            SERVE_USAGE)
     if ns.max_request_bytes is not None and ns.max_request_bytes <= 0:
         return _usage_error("schedlab serve", "--max-request-bytes must be > 0", SERVE_USAGE)
     key = ns.api_key if ns.api_key is not None else os.environ.get("SCHEDLAB_API_KEY") or None
