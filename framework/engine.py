@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from schedlab import registry
+from schedlab.admission import named
 from schedlab.clock import Clock
 from schedlab.config import EngineConfig
 from schedlab.contracts import check_kv_ownership, check_plan
 from schedlab.engine_plugins import resolve_plugins
 from schedlab.engine_setup import num_kv_blocks, num_swap_blocks, scheduler_limits
 from schedlab.executor import Executor, ExecutorOutput
-from schedlab.faults import PluginSlot, blame, check_accounted
+from schedlab.faults import PluginFault, PluginSlot, blame, check_accounted
 from schedlab.intake import read_prompt, why_invalid
 from schedlab.kv_manager import KVCacheManager
 from schedlab.plan import PlanTotals
@@ -71,6 +72,7 @@ class Engine:
             PluginSlot("prefix_cache", prefix_cache, plugins.prefix_cache.label),
             PluginSlot("kv_allocator", allocator, plugins.kv_allocator.label),
         ]
+        self._check_empty_queue(queue)
         #: requests handed to the scheduler that have not ended (checked after every step)
         self._live: dict[str, Request] = {}
         #: the last step's plan (checked in full by `check_integrity`)
@@ -83,6 +85,21 @@ class Engine:
         self.step_stats: list[StepStats] = []
         self._num_steps = 0
         self._ids = itertools.count()
+
+    def _check_empty_queue(self, queue: object) -> None:
+        """The new queue's `len()`, which the engine counts requests by, is an int and 0.
+
+        Raises:
+            PluginContractError: one sentence naming the queue (a raise, or another answer).
+        """
+        try:
+            n = queue.__len__()  # type: ignore[attr-defined]  # NOTE: len() hides the type
+            if type(n) is not int or n != 0:
+                raise PluginFault("queue", (
+                    f"__len__() of the new, empty queue returned {named(n)}; it returns the "
+                    "number of queued requests, an int (0 here)"))
+        except Exception as e:
+            raise blame(e, self._slots, self._slots[1], "__len__", None) from e
 
     @property
     def max_model_len(self) -> int:

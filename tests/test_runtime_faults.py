@@ -88,6 +88,14 @@ ROWS = {
         {"queue": "bad_returns:AcceptEmptyQueue"},
         "queue 'bad_returns:AcceptEmptyQueue' accept() returned '' (str) for request '0'; "
         "return None to queue it or the reason it is refused (a non-empty str)"),
+    "__len__() returns a str": (
+        {"queue": "bad_returns:LenStrQueue"},
+        "queue 'bad_returns:LenStrQueue' __len__() of the new, empty queue returned '0' (str); "
+        "it returns the number of queued requests, an int (0 here)"),
+    "__len__() raises": (
+        {"queue": "bad_returns:LenRaisingQueue"},
+        "queue 'bad_returns:LenRaisingQueue' raised RuntimeError('len boom') in __len__() "
+        "(bad_returns.py:64)"),
     "match claims blocks not held": (
         {"prefix_cache": "lying_caches:PhantomPrefixCache"},
         "prefix_cache 'lying_caches:PhantomPrefixCache' match() returned block 0, which it "
