@@ -344,3 +344,64 @@ def test_missing_hardware_is_one_sentence(tmp_path, in_process, monkeypatch, cap
         assert rc == 2, err
         assert "Traceback" not in err and expected in err, err
         assert not (tmp_path / "run" / "results.json").exists()
+
+
+#: the reviewer's command line (a simulated run: nothing to build)
+SIM = ["executor=sim", "model=llama3_8b", "hardware=h100", "logger=none", "plots=false",
+       "print_table=false", "driver.progress=false", "workload.num_requests=4"]
+ONE_SENTENCE = {  # overrides -> the start of the one line the command prints
+    # a key not in the composed config, without + (Hydra's five lines and exit 1 before)
+    "engine.foo=1": "engine.foo is not a key of engine; accepted: block_size, max_num_seqs,",
+    "workload.foo=1": "workload.foo is not a key of a type=synthetic workload; accepted: type,",
+    "workload.arrival.foo=1": "workload.arrival.foo is not a key of workload.arrival; "
+                              "accepted: process, rate, burstiness",
+    "metrics.foo=1": "metrics.foo is not a key of metrics; accepted: percentiles, slo",
+    "driver.foo=1": "driver.foo is not a key of driver; accepted: max_concurrency, progress,",
+    "cluster.foo=1": "cluster.foo is not a key of cluster; accepted: name, num_instances,",
+    "router.foo=1": "router.foo is not a key of router; accepted: name, options",
+    "hardware.foo=1": "hardware.foo is not a key of hardware; accepted: preset, path,",
+    "sampling.foo=1": "sampling.foo is not a key of sampling; accepted: temperature, ignore_eos",
+    "foo=1": "foo is not a key of the config; accepted: seed,",
+    "workload.priority_levels=3": "workload.priority_levels is not in the composed config; add "
+                                  "it with +workload.priority_levels=3",
+    "queue.options.foo=1": "queue.options.foo is not in the composed config; queue.options "
+                           "takes keys of its own: add it with +queue.options.foo=1",
+    "-m engine.foo=1,2": "engine.foo is not a key of engine;",
+    # added with +, or a value no reader takes (exit 0 or a numpy traceback before)
+    "+workload.arrival.burstines=2 workload.arrival.process=gamma":
+        "workload.arrival.burstines is not a key of workload.arrival; accepted: process, rate, "
+        "burstiness",
+    "+driver.max_concurency=2": "driver.max_concurency is not a key of the driver section;",
+    "+foo=1": "foo is not a key of the config; accepted: seed,",
+    "+workload.clients=[{id:a,wieght:3}]": "workload.clients[0].wieght (client 'a') is not a "
+                                           "key of a client; accepted: id, weight,",
+    "sampling.ignore_eos=maybe": "sampling.ignore_eos='maybe'; accepted: true, false",
+    "plots=maybe": "plots='maybe'; accepted: true, false",
+    "seed=-1": "seed=-1 must be an integer >= 0",
+    "workload.input_len.max=nan": "workload.input_len.max=nan must be a number (or inf), not NaN",
+}
+
+
+@pytest.mark.parametrize("overrides", list(ONE_SENTENCE))
+def test_bad_keys_and_values_are_one_sentence_exit_2(overrides, tmp_path, monkeypatch, capsys):
+    """The README's promise: a bad config names the key and what is accepted, in one line
+    `schedlab: error: ...`, exit 2, no traceback, nothing run."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    words = overrides.split()
+    flags = [w for w in words if w == "-m"]  # NOTE: Hydra takes its flags before the overrides
+    rc, _, err = cli(["run", *flags, *SIM, *(w for w in words if w != "-m"),
+                      f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                     capsys)
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and "HYDRA_FULL_ERROR" not in err, err
+    assert lines[0].startswith(f"schedlab: error: {ONE_SENTENCE[overrides]}"), err
+    assert not list(tmp_path.rglob("results.json"))
+
+
+def test_serve_refuses_an_unknown_key_in_one_sentence(monkeypatch, capsys):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    rc, _, err = cli(["serve", *SIM[:4], "engine.foo=1"], capsys)
+    assert rc == 2
+    assert err.startswith("schedlab: error: engine.foo is not a key of engine; accepted: "
+                          "block_size,") and len(err.strip().splitlines()) == 1, err

@@ -159,6 +159,95 @@ def test_bad_values_name_the_key(base_overrides):
             build_settings(cfg)
 
 
+ADDED_KEYS = {  # a key added with + that nothing reads -> what the sentence must say
+    "+workload.arrival.burstines=2": "workload.arrival.burstines is not a key of "
+                                     "workload.arrival; accepted: process, rate, burstiness",
+    "+driver.max_concurency=2": "driver.max_concurency is not a key of the driver section; "
+                                "accepted: max_concurrency, progress, save_detailed, workers",
+    "+workload.oracle_output=false": "workload.oracle_output is not a key of a type=synthetic "
+                                     "workload; accepted: type, num_requests,",
+    "+metrics.foo=1": "metrics.foo is not a key of the metrics section; accepted: percentiles, "
+                      "slo",
+    "+sampling.foo=1": "sampling.foo is not a key of the sampling section; accepted: "
+                       "temperature, ignore_eos",
+    "+model.foo=1": "model.foo is not a key of the model section; accepted: name, path, preset, "
+                    "tiny",
+    "+model.tiny.foo=1": "model.tiny.foo is not a key of the model.tiny section; accepted: "
+                         "family, size, seed",
+    "+paths.foo=1": "paths.foo is not a key of the paths section; accepted: log_dir,",
+    "+logger.foo=1": "logger.foo is not a key of the logger section; accepted: name, project,",
+    "+foo=1": "foo is not a key of the config; accepted: seed, plots, print_table, engine,",
+    "+engine.scheduler=static": "engine.scheduler is not an engine key; accepted: block_size,",
+    "+workload.slo_classes=[{name:chat,deadline:500}]":
+        "workload.slo_classes[0].deadline (class 'chat') is not a key of an SLO class; "
+        "accepted: name, deadline_ms, weight, priority",
+    "+workload.clients=[{id:a,wieght:3}]": "workload.clients[0].wieght (client 'a') is not a "
+                                           "key of a client; accepted: id, weight, rate,",
+}
+NOT_BOOLEAN = ("workload.oracle_output_len", "sampling.ignore_eos", "driver.progress",
+               "driver.save_detailed", "plots", "print_table")
+
+
+@pytest.mark.parametrize("override", list(ADDED_KEYS))
+def test_a_key_added_with_plus_that_nothing_reads_is_refused(override, base_overrides):
+    cfg = _compose([*base_overrides, override])
+    with pytest.raises(ValueError) as e:  # ConfigError, or WorkloadError for the workload
+        build_settings(cfg)
+    assert str(e.value).startswith(ADDED_KEYS[override]), str(e.value)
+
+
+@pytest.mark.parametrize("key", NOT_BOOLEAN)
+def test_a_switch_takes_true_or_false_only(key, base_overrides):
+    cfg = _compose([*base_overrides, f"{key}=maybe"])
+    with pytest.raises(ValueError, match=rf"^{key}='maybe'; accepted: true, false$"):
+        build_settings(cfg)
+
+
+def test_seed_and_lengths_refuse_values_numpy_would_choke_on(base_overrides, llama_dir):
+    with pytest.raises(ConfigError, match=r"^seed=-1 must be an integer >= 0$"):
+        build_settings(_compose([*base_overrides, "seed=-1"]))
+    with pytest.raises(ConfigError, match=r"^sampling.temperature=nan must be a finite number"):
+        build_settings(_compose([*base_overrides, "sampling.temperature=nan"]))
+    from schedlab.runs.workload import build_workload
+
+    settings = build_settings(_compose([*base_overrides, "workload.input_len.max=nan"]))
+    with pytest.raises(ValueError, match=r"^workload.input_len.max=nan must be a number"):
+        build_workload(settings.workload, 512)
+
+
+def test_the_keys_checked_are_those_the_root_config_sets():
+    """`accepted_keys` and conf/config.yaml agree: every section key the root config sets is
+    accepted, and every accepted one is set there (one default per knob)."""
+    from schedlab.cli.settings import ENGINE_KEYS, SECTION_KEYS, accepted_keys
+
+    root = OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml"))
+    for section in ("engine", "sampling", "driver", "metrics"):
+        want = ENGINE_KEYS if section == "engine" else SECTION_KEYS[section]
+        assert set(root[section]) == set(want), section
+    cfg = _compose([])
+    assert set(cfg) <= set(accepted_keys("", cfg))
+    for name in ("paths", "logger", "model"):
+        assert set(cfg[name]) <= set(accepted_keys(name, cfg[name])), name
+
+
+EXPERIMENTS = sorted(f.stem for f in (CONF / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_passes_the_key_checks(name):
+    """Each shipped experiment validates, and the keys its sweep overrides exist (the check
+    `schedlab run` makes on the command line)."""
+    from schedlab.cli.checks import check_override_keys
+
+    with initialize_config_module("schedlab.conf", version_base="1.3"):
+        full = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+        cfg = compose("config", overrides=[f"experiment={name}", "paths.output_dir=out"])
+        params = full.hydra.sweeper.get("params") or {}
+        swept = [f"{k}={v}" for k, v in params.items()]
+        build_settings(cfg)
+        assert check_override_keys([f"experiment={name}", *swept]) is None
+
+
 def test_model_path_is_required(base_overrides):
     cfg = _compose([*base_overrides, "model=path"])
     with pytest.raises(ConfigError, match="model.path is required"):

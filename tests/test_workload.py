@@ -172,6 +172,51 @@ def test_bad_spec_names_the_key_and_accepted_values(spec, words):
         assert w in str(e.value)
 
 
+@pytest.mark.parametrize("spec,words", [
+    (synth(oracle_output=False), ["workload.oracle_output is not a key of a type=synthetic",
+                                  "accepted: ", "oracle_output_len", "priority_levels"]),
+    (synth(num_groups=2), ["workload.num_groups is not a key of a type=synthetic", "input_len"]),
+    ({"type": "trace", "format": "sharegpt", "path": "x", "input_len": 8},
+     ["workload.input_len is not a key of a type=trace", "max_rows", "time_scale"]),
+    (synth(arrival={"process": "gamma", "rate": 2, "burstines": 2}),
+     ["workload.arrival.burstines is not a key of workload.arrival",
+      "accepted: process, rate, burstiness"]),
+    (synth(input_len={"dist": "uniform", "min": 1, "maxx": 9}),
+     ["workload.input_len.maxx is not a key", "accepted: dist, min, max"]),
+    (synth(slo_classes=[{"name": "chat", "deadline": 500, "weight": 1}]),
+     ["workload.slo_classes[0].deadline (class 'chat') is not a key of an SLO class",
+      "accepted: name, deadline_ms, weight, priority"]),
+    (synth(clients=[{"id": "a", "wieght": 3}]),
+     ["workload.clients[0].wieght (client 'a') is not a key of a client",
+      "accepted: id, weight, rate, count"]),
+    (synth(clients=[{"id": "a", "output_len": {"dist": "fixed", "vaule": 3}}]),
+     ["workload.clients[0].output_len.vaule is not a key", "value"]),
+    (synth(oracle_output_len="maybe"), ["workload.oracle_output_len='maybe'",
+                                        "accepted: true, false"]),
+    (synth(input_len={"dist": "uniform", "min": 1, "max": float("nan")}),
+     ["workload.input_len.max=nan", "not NaN"]),
+    (synth(output_len={"dist": "normal", "mean": float("inf"), "std": 1}),
+     ["workload.output_len.mean=inf must be a finite number"]),
+])
+def test_unknown_keys_and_bad_values_are_named_with_what_is_accepted(spec, words):
+    """A misspelled key (the spec's, a nested node's, a list entry's) is refused, not ignored;
+    so are a non-boolean switch and NaN (which used to end in a numpy ValueError)."""
+    with pytest.raises(WorkloadError) as e:
+        build_workload(spec, VOCAB)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_every_shipped_workload_config_passes_the_key_check():
+    from omegaconf import OmegaConf
+
+    from schedlab.runs.workload import check_spec
+
+    for f in sorted((Path(__file__).resolve().parents[1] / "conf" / "workload").glob("*.yaml")):
+        spec = OmegaConf.to_container(OmegaConf.load(f))
+        check_spec(spec)  # no interpolation resolved: only the keys and switches matter
+
+
 # ---- trace files -----------------------------------------------------------------------
 def trace(fmt: str, name: str, **kw) -> dict:
     return {"type": "trace", "format": fmt, "path": str(DATA / name), **kw}

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,29 @@ from schedlab.runs.tracking import TrackingConfig
 PLUGIN_GROUPS = tuple(registry.GROUPS)
 #: the keys of a plugin group's node (`scheduler.name`, `scheduler.options`)
 PLUGIN_GROUP_KEYS = ("name", "options")
+#: the keys of `engine`: EngineConfig's fields but the model and the plugins (their own groups)
+ENGINE_KEYS = tuple(k for k in EngineConfig.field_names() if k != "model" and k not in {
+    *PLUGIN_GROUPS, *(f"{kind}_options" for kind in PLUGIN_GROUPS)})
+#: the keys of `logger`: its `name` (the backend) and TrackingConfig's other fields
+LOGGER_KEYS = ("name", *(f.name for f in fields(TrackingConfig) if f.name != "backend"))
+#: the keys `build_settings` reads from each section of the config
+SECTION_KEYS: dict[str, tuple[str, ...]] = {
+    "sampling": ("temperature", "ignore_eos"),
+    "driver": ("max_concurrency", "progress", "save_detailed", "workers"),
+    "metrics": ("percentiles", "slo"),
+    "model": ("name", "path", "preset", "tiny"),
+    "model.tiny": ("family", "size", "seed"),
+    "paths": ("log_dir", "output_dir", "cache_dir", "data_dir"),
+}
+#: the top-level values `build_settings` reads (besides the sections and the groups)
+ROOT_KEYS = ("seed", "plots", "print_table")
+#: top-level nodes of others: an experiment's own values (`exp`: conf/experiment/,
+#: experiments/summarize.py) and Hydra's (`hydra`, where a composed config keeps it)
+FOREIGN_ROOT_KEYS = ("exp", "hydra")
+#: nodes whose keys are not checked here: their readers check them (a plugin's options
+#: against its constructor, `metrics.slo` in `_slo`) or they are not the run's
+FREE_NODES = (*FOREIGN_ROOT_KEYS, "metrics.slo",
+              *(f"{kind}.options" for kind in registry.all_groups()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +140,67 @@ def resolve_config(cfg: DictConfig) -> dict[str, Any]:
     return {str(k): v for k, v in container.items()}
 
 
+def accepted_keys(path: str, node: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The keys a run reads at `path` of the config (`""`: the top level), `node` being the
+    mapping there; None where any key is taken (see `FREE_NODES`) or nothing is known."""
+    from schedlab.cluster.config import CLUSTER_KEYS
+    from schedlab.runs.workload import spec_keys
+
+    if path in FREE_NODES:
+        return None
+    if not path:
+        return (*ROOT_KEYS, "engine", *(k for k in SECTION_KEYS if "." not in k), "workload",
+                "hardware", "logger", "cluster", *registry.all_groups(), *FOREIGN_ROOT_KEYS)
+    if path in SECTION_KEYS:
+        return SECTION_KEYS[path]
+    if path == "engine":
+        return ENGINE_KEYS
+    if path in registry.all_groups():
+        return PLUGIN_GROUP_KEYS
+    if path == "cluster":
+        return ("name", *CLUSTER_KEYS)
+    if path == "logger":
+        return LOGGER_KEYS
+    if path == "hardware":
+        return _hardware_keys()
+    if path == "workload":
+        return spec_keys(node)
+    if path.startswith("workload.") and path.count(".") == 1:
+        return spec_keys({}, path.partition(".")[2])  # arrival, a length spec
+    return None
+
+
+def check_keys(c: Mapping[str, Any]) -> None:
+    """Refuse a key no reader takes, anywhere `accepted_keys` knows the keys, except under
+    `engine`, `cluster` and the plugin groups, whose own checks say more, and `workload`,
+    which `check_spec` checks (an unknown key is one added with `+`, or by a config file).
+
+    Raises:
+        ConfigError, WorkloadError: naming the key and the accepted keys.
+    """
+    from schedlab.runs.workload import check_spec
+
+    def walk(path: str, node: Mapping[str, Any]) -> None:
+        accepted = accepted_keys(path, node)
+        if accepted is None:
+            return
+        unknown = sorted(str(k) for k in set(node) - set(accepted))
+        if unknown:
+            where = f"the {path} section" if path else "the config"
+            raise ConfigError(f"{path + '.' if path else ''}{unknown[0]} is not a key of "
+                              f"{where}; accepted: {', '.join(accepted)}")
+        for k, v in node.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if isinstance(v, Mapping) and sub not in ("engine", "cluster", "workload",
+                                                      *registry.all_groups()):
+                walk(sub, v)
+
+    walk("", c)
+    workload = c.get("workload")
+    if isinstance(workload, Mapping):
+        check_spec(workload)
+
+
 def build_settings(cfg: DictConfig, group: str | None = None,
                    run_name: str | None = None) -> RunSettings:
     """Validate the config and turn it into `RunSettings`. Nothing is built or loaded.
@@ -130,6 +215,10 @@ def build_settings(cfg: DictConfig, group: str | None = None,
         registry.PluginError: a plugin name is not installed (the message lists the installed).
     """
     c = resolve_config(cfg)
+    check_keys(c)
+    seed = c.get("seed", 0)
+    if not _is_int(seed) or seed < 0:
+        raise ConfigError(f"seed={seed!r} must be an integer >= 0")
     for kind in PLUGIN_GROUPS:
         node = _mapping(c, kind)
         unknown = sorted(set(node) - set(PLUGIN_GROUP_KEYS))
@@ -156,10 +245,11 @@ def build_settings(cfg: DictConfig, group: str | None = None,
         plugin_keys[kind] = node["name"]
         options = dict(node.get("options") or {})
         plugin_keys[f"{kind}_options"] = options
-    unknown = sorted(set(engine_keys) - set(EngineConfig.field_names()))
+    unknown = sorted(set(engine_keys) - set(ENGINE_KEYS))
     if unknown:
         raise ConfigError(f"engine.{unknown[0]} is not an engine key; accepted: "
-                          f"{', '.join(k for k in EngineConfig.field_names() if k != 'model')}")
+                          f"{', '.join(ENGINE_KEYS)} (plugins are chosen by their own groups: "
+                          f"{', '.join(PLUGIN_GROUPS)})")
     try:
         engine = EngineConfig(model=model.engine_model, **plugin_keys, **engine_keys)
     except ConfigError as e:  # name the key as it is spelled on the command line
@@ -176,24 +266,20 @@ def build_settings(cfg: DictConfig, group: str | None = None,
     max_conc = driver.get("max_concurrency")
     if max_conc is not None and (not _is_int(max_conc) or max_conc < 1):
         raise ConfigError(f"driver.max_concurrency={max_conc!r} must be an integer >= 1 or null")
-    save_detailed = driver.get("save_detailed", True)
-    if not isinstance(save_detailed, bool):
-        raise ConfigError(f"driver.save_detailed={save_detailed!r} must be true or false")
+    save_detailed = _bool(driver, "save_detailed", "driver")
     workers = driver.get("workers", 1)
     if not _is_int(workers) or workers < 1:
         raise ConfigError(f"driver.workers={workers!r} must be an integer >= 1 (the processes a "
                           "simulated cluster's instances run in)")
     cluster = cluster_from_config(c.get("cluster"), c.get("router"))
     temperature = sampling.get("temperature", 0.0)
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
-        raise ConfigError(f"sampling.temperature={temperature!r} must be a number >= 0")
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not (
+            0 <= temperature < math.inf):
+        raise ConfigError(f"sampling.temperature={temperature!r} must be a finite number >= 0")
     pcts = metrics.get("percentiles") or []
     if not isinstance(pcts, list) or not all(
             isinstance(p, int | float) and not isinstance(p, bool) and 0 < p < 100 for p in pcts):
         raise ConfigError(f"metrics.percentiles={pcts!r} must be a list of numbers in (0, 100)")
-    seed = c.get("seed", 0)
-    if not _is_int(seed):
-        raise ConfigError(f"seed={seed!r} must be an integer")
     output_dir = _mapping(c, "paths").get("output_dir")
     if not output_dir:
         raise ConfigError("paths.output_dir is not set (the run directory)")
@@ -205,15 +291,15 @@ def build_settings(cfg: DictConfig, group: str | None = None,
         output_dir=Path(output_dir),
         seed=seed,
         temperature=float(temperature),
-        ignore_eos=bool(sampling.get("ignore_eos", True)),
+        ignore_eos=_bool(sampling, "ignore_eos", "sampling"),
         max_concurrency=max_conc,
-        progress=bool(driver.get("progress", True)),
+        progress=_bool(driver, "progress", "driver"),
         save_detailed=save_detailed,
         workers=workers,
         percentiles=tuple(pcts),
         slo=_slo(metrics.get("slo")),
-        plots=bool(c.get("plots", True)),
-        print_table=bool(c.get("print_table", True)),
+        plots=_bool(c, "plots"),
+        print_table=_bool(c, "print_table"),
         cluster=cluster,
         config=c,
     )
@@ -277,8 +363,8 @@ def _tracking(c: dict[str, Any], group: str | None, run_name: str | None) -> Tra
         group=lg.get("group") or group,
         run_name=lg.get("run_name") or run_name,
         tags=tuple(str(t) for t in tags),
-        log_steps=bool(lg.get("log_steps", True)),
-        log_requests=bool(lg.get("log_requests", True)),
+        log_steps=_bool(lg, "log_steps", "logger"),
+        log_requests=_bool(lg, "log_requests", "logger"),
     )
 
 
@@ -289,6 +375,21 @@ def _mapping(c: dict[str, Any], key: str) -> dict[str, Any]:
     if not isinstance(v, Mapping):
         raise ConfigError(f"{key}={v!r} must be a mapping")
     return dict(v)
+
+
+def _bool(node: Mapping[str, Any], key: str, section: str = "", default: bool = True) -> bool:
+    """`node[key]` (at `section.key`), which must be true or false."""
+    v = node.get(key, default)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{section + '.' if section else ''}{key}={v!r}; accepted: true, false")
+    return v
+
+
+def _hardware_keys() -> tuple[str, ...]:
+    """A `hardware` node's keys: its base (`preset` or `path`) and the profile's fields."""
+    from schedlab.sim.hardware import HardwareProfile
+
+    return ("preset", "path", *(f.name for f in fields(HardwareProfile)))
 
 
 def _is_int(v: Any) -> bool:

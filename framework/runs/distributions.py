@@ -13,6 +13,13 @@ import numpy as np
 
 DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal", "zipf")
 PROCESSES = ("offline", "poisson", "gamma")
+#: the keys of `workload.arrival` (`arrival_times` reads them)
+ARRIVAL_KEYS = ("process", "rate", "burstiness")
+#: the keys of a length spec (`sample_lengths` reads them): every distribution's parameters,
+#: so a key another `dist` reads stays accepted when `dist` is switched on the command line
+LENGTH_KEYS = ("dist", "min", "max", "value", "mean", "range_ratio", "std", "sigma", "alpha")
+#: the keys of a duration spec (`sample_seconds` reads them)
+SECONDS_KEYS = ("dist", "value", "mean", "min", "max")
 #: token ids below this are reserved (the tiny tokenizer's <|endoftext|> and <pad>)
 FIRST_TOKEN_ID = 2
 
@@ -91,7 +98,7 @@ def sample_lengths(dist: Any, n: int, rng: np.random.Generator, key: str) -> np.
     if name not in DISTRIBUTIONS:
         raise WorkloadError(f"workload.{key}.dist={name!r}; accepted: {', '.join(DISTRIBUTIONS)}")
     lo = get_num(dist, "min", key, 1)
-    hi = get_num(dist, "max", key, math.inf)
+    hi = get_num(dist, "max", key, math.inf, allow_inf=True)
     if lo < 1 or lo > hi:
         raise WorkloadError(f"workload.{key}: need 1 <= min <= max, got min={lo}, max={hi}")
     if name == "fixed":  # NOTE: min and max bound drawn lengths; a fixed one is as given
@@ -173,7 +180,7 @@ def arrival_times(spec: Mapping[str, Any] | None, n: int, rng: np.random.Generat
         )
     if process == "offline" or n == 0:
         return np.zeros(n)
-    rate = get_pos(spec, "rate", "arrival")
+    rate = get_pos(spec, "rate", "arrival", allow_inf=True)
     if math.isinf(rate):
         return np.zeros(n)
     shape = 1.0 if process == "poisson" else get_pos(spec, "burstiness", "arrival", 1.0)
@@ -196,22 +203,54 @@ def get_key(spec: Mapping[str, Any], name: str, key: str, default: Any = None) -
     return default if v is None else v
 
 
-def get_num(spec: Mapping[str, Any], name: str, key: str, default: Any = None) -> float:
+def get_num(spec: Mapping[str, Any], name: str, key: str, default: Any = None,
+            allow_inf: bool = False) -> float:
+    """`spec[name]` as a finite float (or inf, where `allow_inf`: a bound or a rate).
+
+    Raises:
+        WorkloadError: missing, not a number, NaN, or infinite where that is not allowed.
+    """
     v = get_key(spec, name, key, default)
     if v is None:
         raise WorkloadError(f"workload.{key}.{name} is required")
     if isinstance(v, str) and v.strip().lower() in ("inf", "infinity"):
-        return math.inf
+        v = math.inf
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise WorkloadError(f"workload.{key}.{name}={v!r} must be a number")
+    if math.isnan(v) or (math.isinf(v) and not (allow_inf and v > 0)):
+        accepted = "a number (or inf)" if allow_inf else "a finite number"
+        raise WorkloadError(f"workload.{key}.{name}={v!r} must be {accepted}"
+                            + (", not NaN" if math.isnan(v) else ""))
     return float(v)
 
 
-def get_pos(spec: Mapping[str, Any], name: str, key: str, default: Any = None) -> float:
-    v = get_num(spec, name, key, default)
+def get_pos(spec: Mapping[str, Any], name: str, key: str, default: Any = None,
+            allow_inf: bool = False) -> float:
+    v = get_num(spec, name, key, default, allow_inf)
     if not v > 0:
         raise WorkloadError(f"workload.{key}.{name}={v} must be positive")
     return v
+
+
+def check_keys(node: Any, accepted: Sequence[str], key: str = "", what: str = "",
+               entry: str = "") -> None:
+    """Refuse a key of the mapping `node` (at `workload.{key}`) that is not in `accepted`.
+
+    Args:
+        what: what the node is, for the message (default: its path).
+        entry: how a list entry is known, e.g. "client 'a'" (named after its path).
+
+    Raises:
+        WorkloadError: naming the first unknown key, what the node is, and the accepted keys.
+    """
+    if not isinstance(node, Mapping):
+        return  # NOTE: not a mapping: its reader says what it must be
+    unknown = sorted(str(k) for k in set(node) - set(accepted))
+    if unknown:
+        path = f"workload.{key}" if key else "workload"
+        named = f" ({entry})" if entry else ""
+        raise WorkloadError(f"{path}.{unknown[0]}{named} is not a key of {what or path}; "
+                            f"accepted: {', '.join(accepted)}")
 
 
 def get_int(spec: Mapping[str, Any], name: str, minimum: int) -> int:

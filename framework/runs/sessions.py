@@ -26,6 +26,8 @@ from schedlab.runs.distributions import (
     sample_seconds,
 )
 
+#: the keys of a `type: sessions` spec that `build_sessions` reads (besides every type's own)
+SESSION_KEYS = ("num_sessions", "turns", "first_input_len", "input_len", "think_time_s")
 
 def build_sessions(spec: Mapping[str, Any], vocab_size: int,
                    rng: np.random.Generator) -> list[WorkloadRequest]:

@@ -35,6 +35,10 @@ FORMATS = ("sharegpt", "azure", "burstgpt", "jsonl")
 #: format -> the field its arrival times come from (ShareGPT has none)
 _TIME_FIELD = {"jsonl": "arrival_s", **{fmt: cols[0] for fmt, cols in CSV_COLUMNS.items()}}
 
+#: the keys of a `type: trace` spec that `load_trace` reads (besides every type's own)
+TRACE_KEYS = ("format", "path", "time_scale", "max_rows", "model", "sessions", "max_turns",
+              "think_time_s")
+
 
 def load_trace(spec: Mapping[str, Any], vocab_size: int,
                rng: np.random.Generator) -> list[WorkloadRequest]:
@@ -44,7 +48,8 @@ def load_trace(spec: Mapping[str, Any], vocab_size: int,
         spec: `path`, `format`, optional `time_scale` (multiplies inter-arrival times),
             `max_rows` (file rows to read), `num_requests` (keep the first N usable rows),
             `output_len` (replace the file's output lengths), `model` (BurstGPT: keep one
-            model's rows). JSONL rows may carry an integer `priority`.
+            model's rows), `sessions` (ShareGPT: each conversation a session, with
+            `max_turns` and `think_time_s`). JSONL rows may carry an integer `priority`.
         vocab_size: the model's vocabulary.
         rng: draws random prompt ids.
 
@@ -66,8 +71,11 @@ def load_trace(spec: Mapping[str, Any], vocab_size: int,
         raise WorkloadError(f"workload.time_scale={scale!r} must be a finite number >= 0")
     max_rows = _limit(spec, "max_rows")
     num = _limit(spec, "num_requests")
+    sessions = spec.get("sessions", False)
+    if sessions is not None and not isinstance(sessions, bool):
+        raise WorkloadError(f"workload.sessions={sessions!r}; accepted: true, false")
     try:
-        if spec.get("sessions"):
+        if sessions:
             if fmt != "sharegpt":
                 raise WorkloadError(f"workload.sessions=true needs format=sharegpt (got {fmt})")
             return read_sharegpt_sessions(path, spec, vocab_size, rng, max_rows, num,

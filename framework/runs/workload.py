@@ -40,9 +40,13 @@ from typing import Any
 import numpy as np
 
 from schedlab.runs.distributions import (
+    ARRIVAL_KEYS,
     FIRST_TOKEN_ID,
+    LENGTH_KEYS,
+    SECONDS_KEYS,
     WorkloadError,
     WorkloadRequest,
+    check_keys,
     get_int,
     get_key,
     get_pos,
@@ -51,10 +55,26 @@ from schedlab.runs.distributions import (
     set_arrivals,
 )
 from schedlab.runs.prompts import lazy_prompts
-from schedlab.runs.sessions import build_sessions
-from schedlab.runs.traces import load_trace
+from schedlab.runs.sessions import SESSION_KEYS, build_sessions
+from schedlab.runs.traces import TRACE_KEYS, load_trace
 
-TYPES = ("synthetic", "shared_prefix", "trace", "sessions")
+#: the keys every workload type reads (`build_workload`)
+COMMON_KEYS = ("type", "num_requests", "output_len", "arrival", "oracle_output_len",
+               "priority_levels", "clients", "slo_classes")
+#: workload.type -> the keys of its own (its builder reads them)
+TYPE_KEYS: dict[str, tuple[str, ...]] = {
+    "synthetic": ("input_len",),
+    "shared_prefix": ("input_len", "num_groups", "prefix_len"),
+    "trace": TRACE_KEYS,
+    "sessions": SESSION_KEYS,
+}
+TYPES = tuple(TYPE_KEYS)
+#: the keys of one `workload.clients` entry and of one `workload.slo_classes` entry
+CLIENT_KEYS = ("id", "weight", "rate", "count", "priority", "slo_class", "input_len",
+               "output_len")
+SLO_CLASS_KEYS = ("name", "deadline_ms", "weight", "priority")
+#: a spec's (or a client's) nodes that are length specs (`sample_lengths`)
+LENGTH_NODES = ("input_len", "output_len", "turns", "first_input_len")
 _ARRIVAL = attrgetter("arrival_s")
 
 
@@ -84,9 +104,8 @@ def build_workload(
         raise WorkloadError(f"workload spec must be a mapping, got {type(spec).__name__}")
     if not isinstance(vocab_size, int) or vocab_size <= FIRST_TOKEN_ID:
         raise WorkloadError(f"vocab_size={vocab_size!r} must be an integer > {FIRST_TOKEN_ID}")
+    check_spec(spec)
     kind = spec.get("type", "synthetic")
-    if kind not in TYPES:
-        raise WorkloadError(f"workload.type={kind!r}; accepted: {', '.join(TYPES)}")
     rng = np.random.default_rng(seed)
     clients = parse_clients(spec.get("clients"))
     by_rate = bool(clients) and clients[0].rate is not None
@@ -117,7 +136,7 @@ def build_workload(
     else:
         reqs = _generate(kind, spec, get_int(spec, "num_requests", minimum=1), vocab_size, rng)
         set_arrivals(reqs, spec.get("arrival"), rng)
-    oracle = spec.get("oracle_output_len", True)
+    oracle = spec.get("oracle_output_len", True)  # NOTE: a bool, as `check_spec` checked
     for r in reqs:
         r.expected_output_len = r.max_tokens if oracle else None
     levels = spec.get("priority_levels")
@@ -128,6 +147,43 @@ def build_workload(
     _apply_client_settings(reqs, clients)
     _apply_slo_classes(reqs, parse_slo_classes(spec.get("slo_classes")), rng)
     return sorted(reqs, key=_ARRIVAL)  # NOTE: stable: ties keep their generation order
+
+
+def spec_keys(spec: Mapping[str, Any], node: str = "") -> tuple[str, ...] | None:
+    """The keys a workload spec takes at `workload.{node}` (`""`: the spec itself, for its
+    `type`); None where the keys are not checked here (a list, a value, an unknown type)."""
+    if not node:
+        return (*COMMON_KEYS, *TYPE_KEYS[spec.get("type", "synthetic")]) if spec.get(
+            "type", "synthetic") in TYPE_KEYS else None
+    if node == "arrival":
+        return ARRIVAL_KEYS
+    if node in LENGTH_NODES:
+        return LENGTH_KEYS
+    if node == "think_time_s":
+        return SECONDS_KEYS
+    return None
+
+
+def check_spec(spec: Mapping[str, Any]) -> None:
+    """Check a spec's keys (its own, its `arrival`, length specs, clients and SLO classes) and
+    its switches, reading no file and drawing nothing: what `build_workload` does first.
+
+    Raises:
+        WorkloadError: an unknown type or key (named, with the accepted keys) or a bad value.
+    """
+    kind = spec.get("type", "synthetic")
+    if kind not in TYPES:
+        raise WorkloadError(f"workload.type={kind!r}; accepted: {', '.join(TYPES)}")
+    check_keys(spec, spec_keys(spec) or (), what=f"a type={kind} workload")
+    for name, node in spec.items():
+        accepted = spec_keys(spec, str(name))
+        if accepted is not None:
+            check_keys(node, accepted, str(name))
+    oracle = spec.get("oracle_output_len", True)
+    if not isinstance(oracle, bool):
+        raise WorkloadError(f"workload.oracle_output_len={oracle!r}; accepted: true, false")
+    parse_clients(spec.get("clients"))
+    parse_slo_classes(spec.get("slo_classes"))
 
 
 def _generate(kind: str, spec: Mapping[str, Any], n: int, vocab_size: int,
@@ -183,6 +239,11 @@ def parse_clients(value: Any) -> list[ClientSpec]:
     out: list[ClientSpec] = []
     for i, c in enumerate(value):
         key = f"clients[{i}]"
+        if isinstance(c, Mapping):
+            named = f"client {c['id']!r}" if c.get("id") not in (None, "") else ""
+            check_keys(c, CLIENT_KEYS, key, "a client", named)
+            for node in ("input_len", "output_len"):
+                check_keys(c.get(node), LENGTH_KEYS, f"{key}.{node}")
         if not isinstance(c, Mapping) or c.get("id") in (None, ""):
             raise WorkloadError(f"workload.{key}={c!r} must be a mapping with an 'id'")
         if (c.get("rate") is None) == (c.get("weight") is None) and c.get("rate") is not None:
@@ -219,9 +280,13 @@ def parse_slo_classes(value: Any) -> list[SLOClass]:
     out = []
     for i, c in enumerate(value):
         key = f"slo_classes[{i}]"
+        if isinstance(c, Mapping):
+            named = f"class {c['name']!r}" if c.get("name") not in (None, "") else ""
+            check_keys(c, SLO_CLASS_KEYS, key, "an SLO class", named)
         if not isinstance(c, Mapping) or c.get("name") in (None, ""):
             raise WorkloadError(f"workload.{key}={c!r} must be a mapping with a 'name'")
-        deadline = None if c.get("deadline_ms") is None else get_pos(c, "deadline_ms", key)
+        deadline = (None if c.get("deadline_ms") is None
+                    else get_pos(c, "deadline_ms", key, allow_inf=True))
         prio = c.get("priority")
         if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)):
             raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer")
