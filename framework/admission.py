@@ -256,11 +256,7 @@ class AdmissionControl:
         victims = [r for r in victims if not (id(r) in planned and planned[id(r)].swap_in)]
         if not victims:
             return None
-        table = kv.allocator.block_table
-        extra = sum(len(table(v)) for v in victims)
-        if kv.prefix_cache is not None:
-            extra += kv.num_evictable_blocks()
-        if not kv.allocator.can_allocate(req, num_tokens, num_extra_free=extra):
+        if not victims_would_make_room(kv, req, num_tokens, victims):
             return None
         freed = 0
         while victims and not kv.can_allocate(req, num_tokens):
@@ -374,3 +370,14 @@ def checked_dropped(dropped: object) -> list[tuple[Request, str]]:
                 f"expire() returned the entry {named(d)}; each entry is "
                 "Dropped(request, reason), the reason a non-empty str"))
     return list(dropped)
+
+
+def victims_would_make_room(kv: KVCacheManager, req: Request, num_tokens: int,
+                            victims: list[Request]) -> bool:
+    """Whether `req` could hold `num_tokens` once every one of `victims` gave its blocks
+    back (and the prefix cache evicted what it can). No state change."""
+    table = kv.allocator.block_table
+    extra = sum(len(table(v)) for v in victims)
+    if kv.prefix_cache is not None:
+        extra += kv.num_evictable_blocks()
+    return kv.allocator.can_allocate(req, num_tokens, num_extra_free=extra)

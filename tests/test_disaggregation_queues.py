@@ -7,8 +7,7 @@ FCFS keeps the arrival order."""
 from __future__ import annotations
 
 import random
-from collections import deque
-from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +15,7 @@ from schedlab import registry
 from schedlab.cluster import Cluster, ClusterConfig
 from schedlab.config import EngineConfig
 from schedlab.queue import Dropped, RequestQueue
-from schedlab.request import Request, RequestStatus
+from schedlab.request import RequestStatus
 from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.metrics import compute_metrics
 
@@ -112,63 +111,45 @@ def test_fcfs_admits_the_transfers_in_arrival_order():
     assert _admitted(run) == list(range(20))
 
 
-class LIFOQueue(RequestQueue):
-    """A third-party policy: the latest arrival goes next."""
+@pytest.fixture
+def lifo(monkeypatch) -> type[RequestQueue]:
+    """A third-party policy, the example plugin's: the latest arrival goes next."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures" /
+                                    "schedlab_example_plugin"))
+    from schedlab_example_plugin.lifo import LIFOQueue
 
-    def __init__(self, **options: object) -> None:
-        super().__init__(**options)
-        self._q: deque[Request] = deque()
-
-    def add(self, request: Request) -> None:
-        self._q.append(request)
-
-    def pop(self) -> Request:
-        return self._q.pop()
-
-    def peek(self) -> Request:
-        if not self._q:
-            raise IndexError("peek from an empty queue")
-        return self._q[-1]
-
-    def prepend(self, request: Request) -> None:
-        self._q.append(request)
-
-    def remove(self, request: Request) -> None:
-        self._q.remove(request)
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self) -> Iterator[Request]:
-        return reversed(self._q)
+    return LIFOQueue
 
 
-def test_a_third_party_queue_orders_the_decode_side():
+def test_a_third_party_queue_orders_the_decode_side(lifo):
     """One decode seat, held by the first request while four more arrive (none waits on the
     prefill instance): they go on to decode latest first."""
     rng = random.Random(2)
     wl = [WorkloadRequest([rng.randrange(2, 999) for _ in range(64)], 60 if i == 0 else 5,
                           arrival_s=0.01 * i) for i in range(5)]
-    run = _run(LIFOQueue, wl, max_num_seqs=1)
+    run = _run(lifo, wl, max_num_seqs=1)
     assert _admitted(run) == [0, 4, 3, 2, 1]
 
 
-class GiveUpQueue(LIFOQueue):
-    """Gives up on a request whose first token came over 50 ms ago."""
+def _give_up(lifo: type[RequestQueue]) -> type[RequestQueue]:
+    class GiveUpQueue(lifo):
+        """Gives up on a request whose first token came over 50 ms ago."""
 
-    def expire(self, now: float) -> list[Dropped]:
-        late = [r for r in self._q if r.metrics.token_times
-                and now - r.metrics.token_times[0] > 0.05]
-        for r in late:
-            self._q.remove(r)
-        return [Dropped(r, "give_up: waited") for r in late]
+        def expire(self, now: float) -> list[Dropped]:
+            late = [r for r in self if r.metrics.token_times
+                    and now - r.metrics.token_times[0] > 0.05]
+            for r in late:
+                self.remove(r)
+            return [Dropped(r, "give_up: waited") for r in late]
+
+    return GiveUpQueue
 
 
-def test_a_queue_that_gives_up_on_a_transfer_rejects_it_with_its_reason():
+def test_a_queue_that_gives_up_on_a_transfer_rejects_it_with_its_reason(lifo):
     rng = random.Random(3)
     wl = [WorkloadRequest([rng.randrange(2, 999) for _ in range(64)], 40 if i == 0 else 5,
                           arrival_s=0.01 * i) for i in range(3)]
-    res = Cluster(_pd(), _sim(queue=GiveUpQueue, max_num_seqs=1)).run(wl, check=True)
+    res = Cluster(_pd(), _sim(queue=_give_up(lifo), max_num_seqs=1)).run(wl, check=True)
     first, *rest = res.run.requests
     assert first.status is RequestStatus.FINISHED_LENGTH
     for r in rest:  # their first token came from the prefill instance; the decode side gave up

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from schedlab import registry
-from schedlab.admission import checked_dropped, named, take_victim
+from schedlab.admission import checked_dropped, named, take_victim, victims_would_make_room
 from schedlab.engine import Engine
 from schedlab.faults import PluginContractError, PluginFault
 from schedlab.queue import Dropped, RequestQueue, overrides_hook
@@ -212,11 +212,7 @@ class ArrivedTransfers:
         victims = [r for r in sched.running if queue.outranks(req, r)]
         if not victims:
             return False
-        table = kv.allocator.block_table
-        extra = sum(len(table(v)) for v in victims)
-        if kv.prefix_cache is not None:
-            extra += kv.num_evictable_blocks()
-        if not kv.allocator.can_allocate(req, transfer.num_tokens + 1, num_extra_free=extra):
+        if not victims_would_make_room(kv, req, transfer.num_tokens + 1, victims):
             return False
         while victims and not can_admit(engine, transfer):
             victim = queue.select_victim(victims)
