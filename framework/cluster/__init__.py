@@ -13,7 +13,7 @@ from schedlab._lazy import lazy_exports
 _EXPORTS = {
     "Cluster": "schedlab.cluster.cluster",
     "ClusterRunResult": "schedlab.cluster.record",
-    "build_router": "schedlab.cluster.cluster",
+    "build_router": "schedlab.cluster.routing",
     "ClusterConfig": "schedlab.cluster.config",
     "Instance": "schedlab.cluster.instance",
     "InstanceSummary": "schedlab.cluster.instance",

@@ -7,33 +7,23 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, overload
+from typing import Any
 
 from schedlab import registry
 from schedlab.clock import InstanceClock, VirtualClock
 from schedlab.cluster.config import ClusterConfig
 from schedlab.cluster.instance import Instance, Role
 from schedlab.cluster.record import ClusterRunResult, RunRecord, StepsOut
-from schedlab.cluster.router import InstanceLoad, Router
+from schedlab.cluster.router import Router
+from schedlab.cluster.routing import Loads, build_router, choose, reindex, tell
 from schedlab.cluster.transfer import KVTransfer
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
-from schedlab.faults import PluginContractError, PluginSlot, blame
 from schedlab.request import Request, RequestStatus, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.run_result import RunResult
 
 _INF = float("inf")
-
-
-def build_router(config: ClusterConfig) -> Router:
-    """The configured router, built with its options.
-
-    Raises:
-        PluginError: an unknown router name.
-        ConfigError: options the router does not take, or out of range.
-    """
-    return registry.build(registry.resolve("router", config.router, config.router_options))
 
 
 class Cluster:
@@ -72,6 +62,8 @@ class Cluster:
     def _setup(self, config: ClusterConfig, engine_config: EngineConfig,
                instances: list[Instance]) -> None:
         self.config = config
+        #: the router as messages name it (`'round_robin'`, `'my_module:MyRouter'`)
+        self._label = registry.describe(config.router)
         self.engine_config = engine_config
         self.instances = instances
         if config.disaggregated:
@@ -211,18 +203,11 @@ class Cluster:
                             sampling_params=params, arrival_time=arrival, priority=w.priority,
                             client_id=w.client_id, deadline_ms=w.deadline_ms,
                             slo_class=w.slo_class, expected_output_len=w.expected_output_len)
-            loads = _Loads(pool, probe if self.router.uses_prefix else None)
-            try:
-                choice = self.router.select(probe, loads)
-            except Exception as e:
-                raise self._blame(e, self.router, "select") from e
-            j = self._checked(self.router, choice, len(pool))
+            loads = Loads(pool, probe if self.router.uses_prefix else None)
+            j = choose(self.router, self._label, probe, loads)
         inst = pool[j]
         req = inst.add(request_id, prompt, params, arrival, w)
-        try:
-            self.router.on_routed(req, j)
-        except Exception as e:
-            raise self._blame(e, self.router, "on_routed") from e
+        tell(self.router, self._label, "on_routed", req, j)
         self._record.routed[k] = req
         return inst, req
 
@@ -263,10 +248,7 @@ class Cluster:
         if role is Role.PREFILL:
             for req, num_tokens, data in inst.take_prefilled():
                 self._start_transfer(inst, req, num_tokens, data)
-                try:
-                    self.router.on_finished(req, inst.index)
-                except Exception as e:
-                    raise self._blame(e, self.router, "on_finished") from e
+                tell(self.router, self._label, "on_finished", req, inst.index)
                 moved = True
         done = inst.take_done()
         if not done:
@@ -277,40 +259,17 @@ class Cluster:
             router, j = self.decode_router, inst.index - len(self.entry)
         else:
             router, j = self.router, inst.index
-        try:
-            for req in done:
-                router.on_finished(req, j)
-        except Exception as e:
-            raise self._blame(e, router, "on_finished") from e
+        for req in done:
+            tell(router, self._label, "on_finished", req, j)
         return done, True
-
-    def _blame(self, exc: Exception, router: Router, method: str) -> PluginContractError:
-        """The one-sentence error for what a router call raised (`schedlab.faults.blame`):
-        `router 'name' raised ... in select() (file:line)`, the original as its cause."""
-        slot = PluginSlot("router", router, registry.describe(self.config.router))
-        return blame(exc, [slot], slot, method, None)
-
-    def _checked(self, router: Router, j: object, n: int) -> int:
-        if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < n:
-            raise registry.PluginError(
-                f"router {type(router).__name__}.select returned {j!r}; it must return an "
-                f"instance index in [0, {n})")
-        return j
 
     def _start_transfer(self, src: Instance, req: Request, num_tokens: int,
                         data: list | None) -> None:
         assert self.decode_router is not None
-        loads = [_reindex(d.load(), j) for j, d in enumerate(self.decode)]
-        try:
-            choice = self.decode_router.select(req, loads)
-        except Exception as e:
-            raise self._blame(e, self.decode_router, "select") from e
-        j = self._checked(self.decode_router, choice, len(self.decode))
+        loads = [reindex(d.load(), j) for j, d in enumerate(self.decode)]
+        j = choose(self.decode_router, self._label, req, loads)
         dst = self.decode[j]
-        try:
-            self.decode_router.on_routed(req, j)
-        except Exception as e:
-            raise self._blame(e, self.decode_router, "on_routed") from e
+        tell(self.decode_router, self._label, "on_routed", req, j)
         spec = dst.engine.kv_spec
         num_blocks = -(-num_tokens // spec.block_size)  # whole blocks move, as paged KV does
         num_bytes = num_blocks * spec.bytes_per_block
@@ -367,51 +326,3 @@ class Cluster:
         self.router.check_integrity()
         if self.decode_router is not None:
             self.decode_router.check_integrity()
-
-
-class _Loads(Sequence[InstanceLoad]):
-    """The pool's loads as a router sees them, each taken when the router first reads it (a
-    round-robin router reads none: a load sums over every request in flight there).
-
-    Args:
-        pool: the instances, in the router's order.
-        probe: the request being routed, when the router reads cached prefixes.
-    """
-
-    def __init__(self, pool: Sequence[Instance], probe: Request | None) -> None:
-        self._pool = pool
-        self._probe = probe
-        self._taken: list[InstanceLoad | None] = [None] * len(pool)
-
-    def __len__(self) -> int:
-        return len(self._pool)
-
-    @overload
-    def __getitem__(self, j: int) -> InstanceLoad: ...
-    @overload
-    def __getitem__(self, j: slice) -> list[InstanceLoad]: ...
-
-    def __getitem__(self, j: int | slice) -> InstanceLoad | list[InstanceLoad]:
-        if isinstance(j, slice):
-            return [self[k] for k in range(len(self))[j]]
-        load = self._taken[j]  # IndexError past the end
-        return self._take(j % len(self._taken)) if load is None else load
-
-    def __iter__(self) -> Iterator[InstanceLoad]:
-        for k, load in enumerate(self._taken):
-            yield self._take(k) if load is None else load
-
-    def _take(self, k: int) -> InstanceLoad:
-        inst, probe = self._pool[k], self._probe
-        load = _reindex(inst.load(0 if probe is None else inst.cached_prefix_tokens(probe)), k)
-        self._taken[k] = load
-        return load
-
-
-def _reindex(load, j: int):
-    """The load with its index in the router's pool (decode pools start at 0)."""
-    if load.index == j:
-        return load
-    from dataclasses import replace
-
-    return replace(load, index=j)
