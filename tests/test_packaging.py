@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from schedlab import registry
 
@@ -39,6 +40,22 @@ def test_kernels_name_is_not_ours_at_top_level():
     r = _run("import importlib.util as u, schedlab; s = u.find_spec('kernels');"
              "print(s is None or 'schedlab' not in (s.origin or ''))")
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+def test_the_checkouts_kernels_folder_hands_the_top_level_name_over():
+    """With the checkout's root on sys.path (`python -m pytest`, `python -c` in the
+    repository), `import kernels` is Hugging Face's package (transformers >= 5.25 imports it)
+    or not found, never our folder; `schedlab.kernels` is ours."""
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys\nsys.path.insert(0, sys.argv[1])\ntry:\n    import kernels\n"
+            "    print(kernels.__file__)\nexcept ModuleNotFoundError:\n    print('none')\n"
+            "import schedlab.kernels\nprint(schedlab.kernels.__file__)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True,
+                       cwd="/")
+    assert r.returncode == 0, r.stderr
+    top, ours = r.stdout.splitlines()
+    assert ours == str(root / "kernels" / "__init__.py")
+    assert top != ours
 
 
 def test_discovery_does_not_import_plugins():
