@@ -102,6 +102,16 @@ class Engine:
             raise blame(e, self._slots, self._slots[1], "__len__", None) from e
 
     @property
+    def plugin_slots(self) -> list[PluginSlot]:
+        """The plugins whose calls the engine guards, with their names in messages."""
+        return list(self._slots)
+
+    @property
+    def num_steps(self) -> int:
+        """The steps run so far."""
+        return self._num_steps
+
+    @property
     def max_model_len(self) -> int:
         """The longest sequence, prompt plus output (`limits.max_model_len`)."""
         return self.limits.max_model_len

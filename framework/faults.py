@@ -16,6 +16,7 @@ import sys
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import CodeType
 from typing import TYPE_CHECKING
 
 from schedlab.registry import PluginError
@@ -138,6 +139,31 @@ def _owners(frames: list[tuple], slots: list[PluginSlot]) -> list[PluginSlot | N
         slot = next((s for s in slots if s.plugin is me), None) if me is not None else None
         out.append(slot or by_file.get(os.path.abspath(path)))
     return out
+
+
+def plugin_at(frame: object, slots: Iterable[PluginSlot],
+              below: CodeType) -> tuple[PluginSlot, str, str] | None:
+    """The plugin whose code a thread runs now, from that thread's innermost `frame`
+    (`sys._current_frames()`): its slot, the interface method the framework called and the
+    line it stands at; None when the thread is in no plugin's code inside a call of `below`
+    (the run loop: a caller's own frames are never blamed, even in a plugin's file). No state
+    change."""
+    stack = list(traceback.walk_stack(frame))  # type: ignore[arg-type]
+    stack.reverse()  # NOTE: outermost first, as a traceback's frames
+    start = next((k for k, (f, _) in enumerate(stack) if f.f_code is below), None)
+    if start is None:
+        return None
+    stack = stack[start + 1:]
+    owner = _owners(stack, list(slots))
+    for i in range(len(stack) - 1, -1, -1):
+        found = owner[i]
+        if found is not None:
+            j = i
+            while j > 0 and owner[j - 1] is found:
+                j -= 1
+            f, line = stack[i]
+            return found, stack[j][0].f_code.co_name, _where(f.f_code.co_filename, line)
+    return None
 
 
 def full_traceback(exc: BaseException) -> str:

@@ -42,20 +42,22 @@ def test_kernels_name_is_not_ours_at_top_level():
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
 
 
-def test_the_checkouts_kernels_folder_hands_the_top_level_name_over():
+def test_the_checkouts_kernels_folder_hands_the_top_level_name_over(tmp_path):
     """With the checkout's root on sys.path (`python -m pytest`, `python -c` in the
-    repository), `import kernels` is Hugging Face's package (transformers >= 5.25 imports it)
-    or not found, never our folder; `schedlab.kernels` is ours."""
+    repository), `import kernels` is Hugging Face's package where one is installed
+    (transformers >= 5.25 imports it), not our folder; `schedlab.kernels` is ours."""
     root = Path(__file__).resolve().parents[1]
-    code = ("import sys\nsys.path.insert(0, sys.argv[1])\ntry:\n    import kernels\n"
-            "    print(kernels.__file__)\nexcept ModuleNotFoundError:\n    print('none')\n"
+    hub = tmp_path / "site" / "kernels"  # stands for the installed package
+    hub.mkdir(parents=True)
+    (hub / "__init__.py").write_text("class CUDAProperties:\n    pass\n")
+    code = ("import sys\nsys.path[:0] = sys.argv[1:]\nfrom kernels import CUDAProperties\n"
+            "import kernels\nprint(kernels.__file__)\n"
             "import schedlab.kernels\nprint(schedlab.kernels.__file__)\n")
-    r = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True,
-                       cwd="/")
+    r = subprocess.run([sys.executable, "-c", code, str(root), str(hub.parent)],
+                       capture_output=True, text=True, cwd="/")
     assert r.returncode == 0, r.stderr
-    top, ours = r.stdout.splitlines()
-    assert ours == str(root / "kernels" / "__init__.py")
-    assert top != ours
+    assert r.stdout.splitlines() == [str(hub / "__init__.py"),
+                                     str(root / "kernels" / "__init__.py")]
 
 
 def test_discovery_does_not_import_plugins():

@@ -245,3 +245,26 @@ def test_a_router_that_raises_is_named_in_one_line(router, sentence, tmp_path, c
                "print_table=false", "logger=none", "plots=false", f"hydra.run.dir={tmp_path}"])
     assert rc == 2
     assert capsys.readouterr().err == f"schedlab: error: {sentence}\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_plugin_that_does_not_return_is_named_while_the_run_waits(monkeypatch, capsys):
+    """A scheduler that waits in schedule(): after `STALL_WARNING_S` without a step, one line
+    names it, the method and the line; the run goes on when it returns, and a run whose plugins
+    return says nothing."""
+    from schedlab.runs import stall
+    from schedlab.runs.distributions import WorkloadRequest
+    from schedlab.runs.driver import run_workload
+
+    monkeypatch.setattr(stall, "STALL_WARNING_S", 0.3)
+    work = [WorkloadRequest([5, 6, 7, 8] * 3, 6) for _ in range(4)]
+    run = run_workload(_engine(scheduler="sleepy_scheduler:SleepyScheduler"), work)
+    assert all(r.finish_reason == "length" for r in run.requests)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("schedlab: warning: scheduler 'sleepy_scheduler:SleepyScheduler' "
+                             "has not returned from schedule() in ")
+    assert err[0].endswith(" s (sleepy_scheduler.py:18); the run waits for it (Ctrl-C stops it "
+                           "and keeps what ran)")
+    run_workload(_engine(), work)
+    assert capsys.readouterr().err == ""

@@ -63,7 +63,7 @@ class Cluster:
                instances: list[Instance]) -> None:
         self.config = config
         #: the router as messages name it (`'round_robin'`, `'my_module:MyRouter'`)
-        self._label = registry.describe(config.router)
+        self.router_label = registry.describe(config.router)
         self.engine_config = engine_config
         self.instances = instances
         if config.disaggregated:
@@ -204,10 +204,10 @@ class Cluster:
                             client_id=w.client_id, deadline_ms=w.deadline_ms,
                             slo_class=w.slo_class, expected_output_len=w.expected_output_len)
             loads = Loads(pool, probe if self.router.uses_prefix else None)
-            j = choose(self.router, self._label, probe, loads)
+            j = choose(self.router, self.router_label, probe, loads)
         inst = pool[j]
         req = inst.add(request_id, prompt, params, arrival, w)
-        tell(self.router, self._label, "on_routed", req, j)
+        tell(self.router, self.router_label, "on_routed", req, j)
         self._record.routed[k] = req
         return inst, req
 
@@ -248,7 +248,7 @@ class Cluster:
         if role is Role.PREFILL:
             for req, num_tokens, data in inst.take_prefilled():
                 self._start_transfer(inst, req, num_tokens, data)
-                tell(self.router, self._label, "on_finished", req, inst.index)
+                tell(self.router, self.router_label, "on_finished", req, inst.index)
                 moved = True
         done = inst.take_done()
         if not done:
@@ -260,16 +260,16 @@ class Cluster:
         else:
             router, j = self.router, inst.index
         for req in done:
-            tell(router, self._label, "on_finished", req, j)
+            tell(router, self.router_label, "on_finished", req, j)
         return done, True
 
     def _start_transfer(self, src: Instance, req: Request, num_tokens: int,
                         data: list | None) -> None:
         assert self.decode_router is not None
         loads = [reindex(d.load(), j) for j, d in enumerate(self.decode)]
-        j = choose(self.decode_router, self._label, req, loads)
+        j = choose(self.decode_router, self.router_label, req, loads)
         dst = self.decode[j]
-        tell(self.decode_router, self._label, "on_routed", req, j)
+        tell(self.decode_router, self.router_label, "on_routed", req, j)
         spec = dst.engine.kv_spec
         num_blocks = -(-num_tokens // spec.block_size)  # whole blocks move, as paged KV does
         num_bytes = num_blocks * spec.bytes_per_block

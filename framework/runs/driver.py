@@ -13,6 +13,7 @@ from schedlab.config import ConfigError
 from schedlab.request import SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.run_result import RunResult
+from schedlab.runs.stall import stall_watch
 
 if TYPE_CHECKING:
     from schedlab.cluster.cluster import Cluster
@@ -108,7 +109,7 @@ def run_workload(
         cluster.stream_steps(steps_out)
     bar = progress_bar(len(workload), progress)
     try:
-        with fewer_collections():
+        with fewer_collections(), stall_watch(cluster):
             if workers > 1:
                 from schedlab.cluster.parallel import run_split
 
