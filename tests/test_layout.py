@@ -111,6 +111,12 @@ def test_the_checks_see_a_cycle_and_a_plugin_import(tmp_path, monkeypatch):
     assert _plugin_imports(g) == [("schedlab.a", "schedlab.plugins.p")]
 
 
+#: documented standard-library functions whose names start with "_", each used on purpose
+STDLIB_UNDERSCORED = {
+    "sys._current_frames",  # another thread's frame: the stall warning (schedlab.runs.stall)
+}
+
+
 def test_no_code_reaches_into_another_objects_private_attributes():
     found = []
     for folder in ROOTS.values():
@@ -119,7 +125,8 @@ def test_no_code_reaches_into_another_objects_private_attributes():
                 if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
                         and not node.attr.startswith("__")
                         and not (isinstance(node.value, ast.Name)
-                                 and node.value.id in ("self", "cls"))):
+                                 and node.value.id in ("self", "cls"))
+                        and ast.unparse(node) not in STDLIB_UNDERSCORED):
                     found.append(f"{f.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, "\n".join(found)
 
