@@ -14,7 +14,7 @@ from __future__ import annotations
 from itertools import islice
 from typing import cast
 
-from schedlab.faults import PluginFault
+from schedlab.faults import PluginFault, named
 from schedlab.kv_manager import KVCacheManager
 from schedlab.plan import ScheduledRequest, SchedulerConfig, SchedulerOutput
 from schedlab.prefix_cache import PrefixMatch
@@ -22,17 +22,6 @@ from schedlab.queue import RequestQueue, overrides_hook
 from schedlab.request import Request, RequestStatus
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-
-
-def named(value: object) -> str:
-    """A plugin's return value as a message names it: a request by its id, else its type."""
-    if isinstance(value, Request):
-        return f"request {value.request_id!r}"
-    if value is None:
-        return "None"
-    if type(value) is not tuple and isinstance(value, tuple) and len(value) == 2:
-        return f"{type(value).__name__}({named(value[0])}, {named(value[1])})"  # a Dropped
-    return f"{value!r:.40} ({type(value).__name__})"
 
 
 class AdmissionControl:

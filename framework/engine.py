@@ -12,14 +12,13 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from schedlab import registry
-from schedlab.admission import named
 from schedlab.clock import Clock
 from schedlab.config import EngineConfig
 from schedlab.contracts import check_kv_ownership, check_plan
 from schedlab.engine_plugins import resolve_plugins
 from schedlab.engine_setup import num_kv_blocks, num_swap_blocks, scheduler_limits
 from schedlab.executor import Executor, ExecutorOutput
-from schedlab.faults import PluginFault, PluginSlot, blame, check_accounted
+from schedlab.faults import PluginFault, PluginSlot, blame, check_accounted, named
 from schedlab.intake import read_prompt, why_invalid
 from schedlab.kv_manager import KVCacheManager
 from schedlab.plan import PlanTotals

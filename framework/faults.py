@@ -141,6 +141,17 @@ def _owners(frames: list[tuple], slots: list[PluginSlot]) -> list[PluginSlot | N
     return out
 
 
+def named(value: object) -> str:
+    """A plugin's return value as a message names it: a request by its id, else its type."""
+    if isinstance(value, Request):
+        return f"request {value.request_id!r}"
+    if value is None:
+        return "None"
+    if type(value) is not tuple and isinstance(value, tuple) and len(value) == 2:
+        return f"{type(value).__name__}({named(value[0])}, {named(value[1])})"  # a Dropped
+    return f"{value!r:.40} ({type(value).__name__})"
+
+
 def plugin_at(frame: object, slots: Iterable[PluginSlot],
               below: CodeType) -> tuple[PluginSlot, str, str] | None:
     """The plugin whose code a thread runs now, from that thread's innermost `frame`

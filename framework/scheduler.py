@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from itertools import chain, repeat
 from operator import add, attrgetter
 
-from schedlab.admission import AdmissionControl, checked_dropped, named
-from schedlab.faults import PluginFault
+from schedlab.admission import AdmissionControl, checked_dropped
+from schedlab.faults import PluginFault, named
 from schedlab.plan import SchedulerOutput
 from schedlab.request import Request, RequestStatus
 

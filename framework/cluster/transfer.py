@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from schedlab import registry
-from schedlab.admission import checked_dropped, named, take_victim, victims_would_make_room
+from schedlab.admission import checked_dropped, take_victim, victims_would_make_room
 from schedlab.engine import Engine
-from schedlab.faults import PluginContractError, PluginFault
+from schedlab.faults import PluginContractError, PluginFault, named
 from schedlab.queue import Dropped, RequestQueue, overrides_hook
 from schedlab.request import MigratedRequest, Request, RequestStatus
-
-_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -170,19 +168,26 @@ class ArrivedTransfers:
         Raises:
             PluginContractError: the queue handed back a request that does not wait here.
         """
-        queue, engine, waiting = self.queue, self.engine, self._by_request
-        if queue is None or not waiting:
+        if self.queue is None or not self._by_request:
             return
+        try:
+            self._admit(now)
+        except PluginFault as e:  # NOTE: named on the queue as configured, as the engine does
+            raise PluginContractError(f"queue {self._label} {e.rule}") from None
+
+    def _admit(self, now: float) -> None:
+        queue, engine, waiting = self.queue, self.engine, self._by_request
+        assert queue is not None
         if self._expire is not None:
-            for req, reason in self._checked(checked_dropped, self._expire(now)):
+            for req, reason in checked_dropped(self._expire(now)):
                 if waiting.pop(id(req), None) is None:
-                    raise self._fault("expire()", req)
+                    raise _not_waiting("expire()", req)
                 req.end(RequestStatus.REJECTED, now, reason)
         while waiting:
             req = queue.peek()
             t = waiting.get(id(req))
             if t is None:
-                raise self._fault("peek()", req)
+                raise _not_waiting("peek()", req)
             if can_admit(engine, t) or (self._outranks and self._preempt_for(t)):
                 fits = True
             elif not engine.has_unfinished():
@@ -191,7 +196,7 @@ class ArrivedTransfers:
                 break
             popped = queue.pop()
             if popped is not req:
-                raise self._fault("pop()", popped)
+                raise _not_waiting("pop()", popped)
             del waiting[id(req)]
             if fits:
                 admit_transferred(engine, t)
@@ -216,7 +221,7 @@ class ArrivedTransfers:
             return False
         while victims and not can_admit(engine, transfer):
             victim = queue.select_victim(victims)
-            self._checked(take_victim, victims, victim)
+            take_victim(victims, victim)
             sched.preempt(victim)
         return can_admit(engine, transfer)
 
@@ -227,20 +232,6 @@ class ArrivedTransfers:
             for t in self._by_request.values():
                 queue.remove(t.request)
         self._by_request.clear()
-
-    def _checked(self, check: Callable[..., _T], *args: object) -> _T:
-        """`check(*args)` (one of admission's checks of a queue's answer), its fault named
-        on this queue as configured."""
-        try:
-            return check(*args)
-        except PluginFault as e:
-            raise PluginContractError(f"queue {self._label} {e.rule}") from None
-
-    def _fault(self, method: str, req: object) -> PluginContractError:
-        return PluginContractError(
-            f"queue {self._label} {method} returned {named(req)}, which is not "
-            "waiting for a seat on the decode instance; a queue hands back only requests it "
-            "was given and holds each once")
 
     def check_integrity(self) -> None:
         """Raise AssertionError if the policy's queue and the waiting transfers disagree."""
@@ -255,3 +246,9 @@ class ArrivedTransfers:
         for r in queue:
             t = self._by_request.get(id(r))
             assert t is not None and t.request is r, f"{r.request_id} queued without its KV"
+
+
+def _not_waiting(method: str, req: object) -> PluginFault:
+    return PluginFault("queue", (
+        f"{method} returned {named(req)}, which is not waiting for a seat on the decode "
+        "instance; a queue hands back only requests it was given and holds each once"))
