@@ -13,7 +13,7 @@ import pytest
 from fakes import FakeExecutor
 
 from schedlab import LLM, SamplingParams
-from schedlab.config import EngineConfig
+from schedlab.config import ConfigError, EngineConfig
 from schedlab.contracts import PluginContractError
 from schedlab.engine import Engine
 from schedlab.faults import PluginRuntimeError
@@ -258,13 +258,58 @@ def test_a_plugin_that_does_not_return_is_named_while_the_run_waits(monkeypatch,
 
     monkeypatch.setattr(stall, "STALL_WARNING_S", 0.3)
     work = [WorkloadRequest([5, 6, 7, 8] * 3, 6) for _ in range(4)]
-    run = run_workload(_engine(scheduler="sleepy_scheduler:SleepyScheduler"), work)
-    assert all(r.finish_reason == "length" for r in run.requests)
-    err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1, err
-    assert err[0].startswith("schedlab: warning: scheduler 'sleepy_scheduler:SleepyScheduler' "
-                             "has not returned from schedule() in ")
-    assert err[0].endswith(" s (sleepy_scheduler.py:18); the run waits for it (Ctrl-C stops it "
-                           "and keeps what ran)")
+    for timeout, then in ((None, "the run waits for it"),
+                          (20, "the run is stopped at 20 s (driver.plugin_timeout_s)")):
+        run = run_workload(_engine(scheduler="sleepy_scheduler:SleepyScheduler"), work,
+                           plugin_timeout_s=timeout)
+        assert all(r.finish_reason == "length" for r in run.requests)
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1, err
+        assert err[0].startswith("schedlab: warning: scheduler "
+                                 "'sleepy_scheduler:SleepyScheduler' has not returned from "
+                                 "schedule() in ")
+        assert err[0].endswith(f" s (sleepy_scheduler.py:18); {then} (Ctrl-C stops it and "
+                               "keeps what ran)")
     run_workload(_engine(), work)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.timeout(60)
+def test_a_plugin_call_past_the_plugin_timeout_stops_the_run_naming_it(tmp_path, capsys):
+    """A scheduler that loops in schedule() (swallowing every Exception): after
+    `plugin_timeout_s` the run stops with one sentence naming the plugin, the method and the
+    line, from `run_workload` and the command line alike (exit 2)."""
+    import time
+
+    from schedlab.cli import main
+    from schedlab.runs.distributions import WorkloadRequest
+    from schedlab.runs.driver import run_workload
+
+    work = [WorkloadRequest([5, 6, 7, 8] * 3, 6) for _ in range(4)]
+    t0 = time.monotonic()
+    with pytest.raises(PluginRuntimeError) as e:
+        run_workload(_engine(scheduler="looping_scheduler:LoopingScheduler"), work,
+                     plugin_timeout_s=0.5)
+    assert time.monotonic() - t0 < 20  # the planted loop runs 30 s
+    msg = str(e.value)
+    assert msg.startswith("scheduler 'looping_scheduler:LoopingScheduler' did not return from "
+                          "schedule() in "), msg
+    assert "(looping_scheduler.py:2" in msg
+    assert msg.endswith("; the run was stopped (driver.plugin_timeout_s=0.5; null waits)")
+    with pytest.raises(ConfigError, match="plugin_timeout_s=0 must be a number of seconds > 0"):
+        run_workload(_engine(), work, plugin_timeout_s=0)
+
+    args = ["run", "executor=sim", "model=llama3_8b", "hardware=h100", "logger=none",
+            "workload.num_requests=4", "driver.progress=false", "print_table=false",
+            "plots=false"]
+    rc = main([*args, "scheduler=looping_scheduler:LoopingScheduler",
+               "driver.plugin_timeout_s=0.5", f"hydra.run.dir={tmp_path / 'a'}"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("schedlab: error: scheduler 'looping_scheduler:LoopingScheduler' did "
+                          "not return from schedule() in "), err
+    assert err.endswith("; the run was stopped (driver.plugin_timeout_s=0.5; null waits)\n")
+    assert err.count("\n") == 1
+    rc = main([*args, "driver.plugin_timeout_s=-1", f"hydra.run.dir={tmp_path / 'b'}"])
+    assert rc == 2
+    assert "driver.plugin_timeout_s=-1 must be a number of seconds > 0" in capsys.readouterr().err

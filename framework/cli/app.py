@@ -101,7 +101,8 @@ def execute(s: RunSettings) -> dict[str, Any]:
                 run = run_workload(cluster, workload, temperature=s.temperature,
                                    ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
                                    progress=s.progress, save_detailed=s.save_detailed,
-                                   interrupt=latch, steps_out=steps_out, workers=s.workers)
+                                   interrupt=latch, steps_out=steps_out, workers=s.workers,
+                                   plugin_timeout_s=s.plugin_timeout_s)
         except KeyboardInterrupt:  # partial results, then the one line
             res = cluster.interrupt()  # NOTE: streaming: the steps left go to `steps_out`
             run = res.run

@@ -16,6 +16,7 @@ from omegaconf.errors import MissingMandatoryValue
 from schedlab import registry
 from schedlab.cluster.config import ClusterConfig, cluster_from_config
 from schedlab.config import ConfigError, EngineConfig
+from schedlab.runs.stall import PLUGIN_TIMEOUT_S
 from schedlab.runs.tracking import TrackingConfig
 
 #: the config groups that name a plugin: group -> registry kind (the same names)
@@ -30,7 +31,7 @@ LOGGER_KEYS = ("name", *(f.name for f in fields(TrackingConfig) if f.name != "ba
 #: the keys `build_settings` reads from each section of the config
 SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "sampling": ("temperature", "ignore_eos"),
-    "driver": ("max_concurrency", "progress", "save_detailed", "workers"),
+    "driver": ("max_concurrency", "progress", "save_detailed", "workers", "plugin_timeout_s"),
     "metrics": ("percentiles", "slo"),
     "model": ("name", "path", "preset", "tiny"),
     "model.tiny": ("family", "size", "seed"),
@@ -113,6 +114,8 @@ class RunSettings:
     save_detailed: bool = True
     #: processes a simulated cluster's instances run in (`run_workload`'s `workers`)
     workers: int = 1
+    #: seconds a plugin call may run before the run stops naming it (None: wait)
+    plugin_timeout_s: float | None = PLUGIN_TIMEOUT_S
     percentiles: tuple[float, ...] = (50, 90, 95, 99)
     slo: dict[str, float] | None = None
     plots: bool = True
@@ -271,6 +274,11 @@ def build_settings(cfg: DictConfig, group: str | None = None,
     if not _is_int(workers) or workers < 1:
         raise ConfigError(f"driver.workers={workers!r} must be an integer >= 1 (the processes a "
                           "simulated cluster's instances run in)")
+    timeout = driver.get("plugin_timeout_s", PLUGIN_TIMEOUT_S)
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not 0 < timeout < math.inf):
+        raise ConfigError(f"driver.plugin_timeout_s={timeout!r} must be a number of seconds > 0 "
+                          "(a plugin call running longer stops the run) or null (wait)")
     cluster = cluster_from_config(c.get("cluster"), c.get("router"))
     temperature = sampling.get("temperature", 0.0)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not (
@@ -296,6 +304,7 @@ def build_settings(cfg: DictConfig, group: str | None = None,
         progress=_bool(driver, "progress", "driver"),
         save_detailed=save_detailed,
         workers=workers,
+        plugin_timeout_s=None if timeout is None else float(timeout),
         percentiles=tuple(pcts),
         slo=_slo(metrics.get("slo")),
         plots=_bool(c, "plots"),

@@ -13,7 +13,7 @@ from schedlab.config import ConfigError
 from schedlab.request import SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
 from schedlab.runs.run_result import RunResult
-from schedlab.runs.stall import stall_watch
+from schedlab.runs.stall import PLUGIN_TIMEOUT_S, stall_watch
 
 if TYPE_CHECKING:
     from schedlab.cluster.cluster import Cluster
@@ -37,6 +37,7 @@ def run_workload(
     interrupt: InterruptLatch | None = None,
     steps_out: StepsOut | None = None,
     workers: int = 1,
+    plugin_timeout_s: float | None = PLUGIN_TIMEOUT_S,
 ) -> RunResult:
     """Release the workload at its arrival times and step the instances until every request
     has ended.
@@ -72,6 +73,9 @@ def run_workload(
             simulated instances behind a router whose choices depend on the order alone
             (round robin), without `max_concurrency` or sessions; the cluster runs nothing
             more afterwards.
+        plugin_timeout_s: a plugin call (scheduler, queue, KV allocator, prefix cache,
+            router) that has not returned after this many seconds stops the run with a
+            `PluginRuntimeError` naming it (`schedlab.runs.stall`); None: the run waits.
 
     Returns:
         The run: every request finished or rejected, in workload order, with its timestamps
@@ -80,7 +84,9 @@ def run_workload(
     Raises:
         ValueError: `max_concurrency` below 1, `params` or `request_ids` of the wrong length,
             or a session's turns out of order.
-        ConfigError: `workers` above 1 for a run that cannot be split (the sentence says why).
+        ConfigError: `workers` above 1 for a run that cannot be split (the sentence says why),
+            or `plugin_timeout_s` not a positive number.
+        PluginRuntimeError: a plugin raised, or did not return within `plugin_timeout_s`.
         RuntimeError: requests are outstanding and no instance can make progress (a plugin
             lost or stalls them), within `schedlab.cluster.loop.MAX_STALLED_STEPS` steps.
     """
@@ -92,6 +98,11 @@ def run_workload(
             raise ValueError(f"{len(workload)} requests but {len(xs)} {name}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers={workers!r} must be an integer >= 1")
+    if plugin_timeout_s is not None and (
+            isinstance(plugin_timeout_s, bool) or not isinstance(plugin_timeout_s, int | float)
+            or not plugin_timeout_s > 0 or plugin_timeout_s == float("inf")):
+        raise ConfigError(f"plugin_timeout_s={plugin_timeout_s!r} must be a number of seconds "
+                          "> 0, or None to wait for a plugin call however long it takes")
     if params is None:
         params = WorkloadParams(workload, temperature, ignore_eos)
     cluster = target if isinstance(target, Cluster) else Cluster.around(target)
@@ -109,7 +120,7 @@ def run_workload(
         cluster.stream_steps(steps_out)
     bar = progress_bar(len(workload), progress)
     try:
-        with fewer_collections(), stall_watch(cluster):
+        with fewer_collections(), stall_watch(cluster, timeout=plugin_timeout_s):
             if workers > 1:
                 from schedlab.cluster.parallel import run_split
 

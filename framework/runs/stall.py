@@ -2,12 +2,20 @@
 cache or router that loops or waits forever would hold the run without a word. A thread looks
 at the run every so often; when no instance has stepped for `STALL_WARNING_S` seconds and the
 run's thread stands in a plugin's code, it prints one line naming the plugin, the method the
-framework called and the line it stands at (once each time the run stalls). It never stops the
-run: Ctrl-C does, and keeps what ran. An executor's long step (a big model on a CPU) and an
-idle wait for the next arrival are not plugin code, so they are never named."""
+framework called and the line it stands at (once each time the run stalls). When the same call
+has not returned after the run's plugin timeout (`PLUGIN_TIMEOUT_S`; `driver.plugin_timeout_s`),
+the run is stopped with a `PluginRuntimeError` naming it, as a plugin that raised would be
+(vLLM's engine fails an iteration that takes over `VLLM_ENGINE_ITERATION_TIMEOUT_S`); with no
+timeout it waits, and Ctrl-C stops it and keeps what ran. An executor's long step (a big model
+on a CPU) and an idle wait for the next arrival are not plugin code, so they are never named.
+
+NOTE: the stop is an exception set for the run's thread (`PyThreadState_SetAsyncExc`, the C
+API's documented way), raised at its next bytecode: it ends a plugin that loops in Python; one
+blocked inside a C call (a sleep, a lock) is named but ends only when that call returns."""
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 import time
@@ -15,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from schedlab.faults import PluginSlot, plugin_at
+from schedlab.faults import PluginRuntimeError, PluginSlot, plugin_at
 
 if TYPE_CHECKING:
     from schedlab.cluster.cluster import Cluster
@@ -24,32 +32,62 @@ if TYPE_CHECKING:
 #: `VLLM_ENGINE_ITERATION_TIMEOUT_S` is 60 s too)
 STALL_WARNING_S = 60.0
 
+#: seconds one plugin call may run before the run is stopped with an error naming it (the
+#: default of `run_workload`'s `plugin_timeout_s` and of `driver.plugin_timeout_s`)
+PLUGIN_TIMEOUT_S = 300.0
+
+
+class PluginTimeout(BaseException):
+    """Raised in a run's thread by its watch when a plugin call outlived the plugin timeout;
+    `stall_watch` turns it into the `PluginRuntimeError`. A BaseException, as
+    KeyboardInterrupt is, so that a plugin's own `except Exception` does not swallow it."""
+
+
+class _Stop:
+    """What the watch stopped the run for: the plugin, its method and line, the seconds."""
+
+    def __init__(self) -> None:
+        self.message: str | None = None
+
 
 @contextmanager
-def stall_watch(cluster: Cluster, seconds: float | None = None) -> Iterator[None]:
+def stall_watch(cluster: Cluster, seconds: float | None = None,
+                timeout: float | None = None) -> Iterator[None]:
     """Watch `cluster`'s run in the calling thread while the block runs (see the module
-    docstring); `seconds`: `STALL_WARNING_S` when None."""
+    docstring); `seconds`: `STALL_WARNING_S` when None; `timeout`: the seconds after which a
+    plugin call that has not returned stops the run (None: the run waits for it).
+
+    Raises:
+        PluginRuntimeError: a plugin call outlived `timeout`; one sentence naming it.
+    """
     limit = STALL_WARNING_S if seconds is None else seconds
     stop = threading.Event()
+    stopped = _Stop()
     watched = threading.get_ident()
-    thread = threading.Thread(target=_watch, args=(cluster, limit, stop, watched),
+    thread = threading.Thread(target=_watch,
+                              args=(cluster, limit, timeout, stop, watched, stopped),
                               name="schedlab-stall-watch", daemon=True)
     thread.start()
     try:
         yield
+    except PluginTimeout:
+        raise PluginRuntimeError(stopped.message or "a plugin call outlived the run's plugin "
+                                 "timeout") from None
     finally:
         stop.set()
         thread.join()
 
 
-def _watch(cluster: Cluster, limit: float, stop: threading.Event, watched: int) -> None:
+def _watch(cluster: Cluster, limit: float, timeout: float | None, stop: threading.Event,
+           watched: int, stopped: _Stop) -> None:
     try:
-        _look(cluster, limit, stop, watched)
+        _look(cluster, limit, timeout, stop, watched, stopped)
     except Exception:  # noqa: BLE001 - a watch never disturbs the run it watches
         return
 
 
-def _look(cluster: Cluster, limit: float, stop: threading.Event, watched: int) -> None:
+def _look(cluster: Cluster, limit: float, timeout: float | None, stop: threading.Event,
+          watched: int, stopped: _Stop) -> None:
     from schedlab.cluster.loop import RunLoop
 
     # NOTE: a cluster that ran split holds stand-ins for its engines (no plugins, no steps)
@@ -60,20 +98,40 @@ def _look(cluster: Cluster, limit: float, stop: threading.Event, watched: int) -
     for router in (cluster.router, cluster.decode_router):
         if router is not None:
             slots.append(PluginSlot("router", router, cluster.router_label))
+    first = limit if timeout is None else min(limit, timeout)
     last, since, warned = None, time.monotonic(), False
-    while not stop.wait(min(limit / 4, 1.0)):
+    while not stop.wait(min(first / 4, 1.0)):
         steps = tuple(getattr(e, "num_steps", 0) for e in engines)
         now = time.monotonic()
         if steps != last:
             last, since, warned = steps, now, False
             continue
-        if warned or now - since < limit:
+        waited = now - since
+        late = timeout is not None and waited >= timeout
+        if (warned or waited < limit) and not late:
             continue
         frame = sys._current_frames().get(watched)
         found = plugin_at(frame, slots, RunLoop.run.__code__) if frame is not None else None
-        if found is not None:
-            slot, method, where = found
-            print(f"schedlab: warning: {slot.kind} {slot.name} has not returned from "
-                  f"{method}() in {now - since:.3g} s ({where}); the run waits for it "
-                  "(Ctrl-C stops it and keeps what ran)", file=sys.stderr, flush=True)
-            warned = True
+        if found is None:
+            continue
+        slot, method, where = found
+        if late:
+            stopped.message = (f"{slot.kind} {slot.name} did not return from {method}() in "
+                               f"{waited:.3g} s ({where}); the run was stopped "
+                               f"(driver.plugin_timeout_s={timeout:g}; null waits)")
+            _raise_in(watched)
+            return
+        then = ("the run waits for it" if timeout is None else
+                f"the run is stopped at {timeout:g} s (driver.plugin_timeout_s)")
+        print(f"schedlab: warning: {slot.kind} {slot.name} has not returned from "
+              f"{method}() in {waited:.3g} s ({where}); {then} (Ctrl-C stops it and keeps "
+              "what ran)", file=sys.stderr, flush=True)
+        warned = True
+
+
+def _raise_in(thread_id: int) -> None:
+    """Raise `PluginTimeout` in thread `thread_id` at its next bytecode."""
+    set_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    n = set_exc(ctypes.c_ulong(thread_id), ctypes.py_object(PluginTimeout))
+    if n > 1:  # NOTE: the C API's rule: more than one thread state hit, undo it
+        set_exc(ctypes.c_ulong(thread_id), None)
