@@ -163,7 +163,8 @@ ADDED_KEYS = {  # a key added with + that nothing reads -> what the sentence mus
     "+workload.arrival.burstines=2": "workload.arrival.burstines is not a key of "
                                      "workload.arrival; accepted: process, rate, burstiness",
     "+driver.max_concurency=2": "driver.max_concurency is not a key of the driver section; "
-                                "accepted: max_concurrency, progress, save_detailed, workers",
+                                "accepted: max_concurrency, progress, save_detailed, workers, "
+                                "plugin_timeout_s",
     "+workload.oracle_output=false": "workload.oracle_output is not a key of a type=synthetic "
                                      "workload; accepted: type, num_requests,",
     "+metrics.foo=1": "metrics.foo is not a key of the metrics section; accepted: percentiles, "
