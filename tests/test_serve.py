@@ -187,6 +187,22 @@ def test_chat_streamed_and_not(server, client):
     assert finish == "length" and usage.completion_tokens == 5
 
 
+def test_null_is_the_default_wherever_openai_allows_it(client):
+    """The SDK sends `null` for a parameter given as None (`n`, `stream`, `echo`, ... are
+    nullable in OpenAI's API): taken as the default, on both endpoints."""
+    nulls = dict(n=None, stream=None, stop=None, seed=None, temperature=None, top_p=None,
+                 presence_penalty=None, frequency_penalty=None, logit_bias=None, logprobs=None,
+                 stream_options=None, user=None)
+    r = client.completions.create(model=MODEL, prompt=[5, 6], max_tokens=2, echo=None,
+                                  best_of=None, suffix=None, extra_body={"ignore_eos": True},
+                                  **nulls)
+    assert r.usage.completion_tokens == 2 and r.choices[0].finish_reason == "length"
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2, max_completion_tokens=None,
+                                       extra_body={"ignore_eos": True}, **nulls)
+    assert r.usage.completion_tokens == 2 and r.choices[0].finish_reason == "length"
+
+
 # ---- errors ---------------------------------------------------------------------------------
 P = {"model": MODEL, "prompt": [1, 2]}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}

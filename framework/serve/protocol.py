@@ -2,9 +2,10 @@
 
 Bodies are strict pydantic models parsed from the raw bytes (`parse`): `"max_tokens": "5"`,
 `"stream": "yes"`, `true` for a number, NaN or infinity, and invalid UTF-16 (a lone surrogate)
-are refused with a 400; fields OpenAI has that are not listed are ignored, and the listed ones
-that schedlab cannot honour (`n > 1`, `logprobs`, `echo`, `best_of > 1`, chat `tools` and a
-`response_format` other than text) are refused with a 400.
+are refused with a 400; `null` is taken wherever OpenAI allows it (as the field's default);
+fields OpenAI has that are not listed are ignored, and the listed ones that schedlab cannot
+honour (`n > 1`, `logprobs`, `echo`, `best_of > 1`, chat `tools` and a `response_format` other
+than text) are refused with a 400.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class _Sampling(BaseModel):
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
@@ -80,7 +81,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    n: int = 1
+    n: int | None = 1
     logprobs: bool | int | None = None
     best_of: int | None = None
     user: str | None = None
@@ -94,7 +95,7 @@ class _Sampling(BaseModel):
 
     def unsupported(self) -> str | None:
         """Why this body asks for something the server cannot do, or None."""
-        if self.n != 1:
+        if self.n not in (None, 1):
             return f"n={self.n}: only n=1 is supported"
         if self.best_of not in (None, 1):
             return f"best_of={self.best_of}: only best_of=1 is supported"
@@ -150,7 +151,7 @@ class CompletionRequest(_Sampling):
 
     prompt: Prompt
     max_tokens: int | None = 16
-    echo: bool = False
+    echo: bool | None = False
     suffix: str | None = None
 
     def unsupported(self) -> str | None:
