@@ -130,3 +130,25 @@ def test_run_and_bench_serve_give_each_request_the_same_outcome(server, llama_di
     assert outcomes(benched) == outcomes(ran)
     assert [i for i, r in enumerate(ran.requests)
             if r.status is RequestStatus.REJECTED] == [3, 5, 7, 8]
+
+
+def test_bench_sends_the_api_key_a_server_requires(tmp_path, monkeypatch):
+    """`serve --api-key` and `bench serve` work together: the key from --api-key or, as serve
+    reads it, $SCHEDLAB_API_KEY (kept out of results.json)."""
+    cfg = EngineConfig(model="llama3_8b", executor="sim", executor_options={"hardware": "h100"},
+                       max_model_len=2048)
+    opts = ServerOptions(port=0, model_names=("sim",), log_level="warning", api_key="s3cret")
+    with Server(cfg, opts) as s:
+        def bench(name: str, *extra: str) -> tuple[int, dict]:
+            rc = main(["bench", "serve", "--base-url", s.base_url, *extra, "model=llama3_8b",
+                       "logger=none", "driver.progress=false", "print_table=false",
+                       "plots=false", "workload.num_requests=3",
+                       f"hydra.run.dir={tmp_path / name}"])
+            return rc, json.loads((tmp_path / name / "results.json").read_text())
+
+        rc, res = bench("flag", "--api-key", "s3cret")
+        assert rc == 0 and res["completed"] == 3
+        monkeypatch.setenv("SCHEDLAB_API_KEY", "s3cret")
+        rc, res = bench("env")
+        assert rc == 0 and res["completed"] == 3
+        assert "s3cret" not in (tmp_path / "env" / "results.json").read_text()
