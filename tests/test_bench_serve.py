@@ -99,3 +99,56 @@ def test_bench_refuses_schedlab_run_keys_with_one_line(tmp_path, capsys, key):
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"schedlab: error: {key} is for `schedlab run`")
+
+
+def test_run_and_bench_serve_give_each_request_the_same_outcome(server, llama_dir):
+    """The tiny torch model, greedy with EOS honoured: the engine of `schedlab run` and `serve`
+    + `bench serve` give every request the same output tokens and finish reason, and reject
+    the same ones (a prompt over max_model_len, an empty one, a token outside the vocabulary,
+    an output that cannot fit)."""
+    from schedlab.engine import Engine
+    from schedlab.request import RequestStatus
+    from schedlab.runs.driver import run_workload
+    from schedlab.serve.bench import BenchOptions, run_bench
+
+    wl = build_workload({"type": "synthetic", "num_requests": 12,
+                         "input_len": {"dist": "uniform", "min": 4, "max": 40},
+                         "output_len": {"dist": "uniform", "min": 2, "max": 30},
+                         "arrival": {"process": "poisson", "rate": 50}}, 512, seed=2)
+    wl[3].prompt_token_ids = list(range(2, 600))
+    wl[5].prompt_token_ids = []
+    wl[7].prompt_token_ids = [5, 600]
+    wl[8].max_tokens = 600
+    ran = run_workload(Engine(EngineConfig(model=llama_dir, num_kv_blocks=256)), wl,
+                       ignore_eos=False)
+    benched = run_bench(wl, BenchOptions(base_url=server.base_url, model="tiny",
+                                         ignore_eos=False))
+
+    def outcomes(run) -> list[tuple]:
+        return [(r.status, r.finish_reason, r.output_token_ids) for r in run.requests]
+
+    assert outcomes(benched) == outcomes(ran)
+    assert [i for i, r in enumerate(ran.requests)
+            if r.status is RequestStatus.REJECTED] == [3, 5, 7, 8]
+
+
+def test_bench_sends_the_api_key_a_server_requires(tmp_path, monkeypatch):
+    """`serve --api-key` and `bench serve` work together: the key from --api-key or, as serve
+    reads it, $SCHEDLAB_API_KEY (kept out of results.json)."""
+    cfg = EngineConfig(model="llama3_8b", executor="sim", executor_options={"hardware": "h100"},
+                       max_model_len=2048)
+    opts = ServerOptions(port=0, model_names=("sim",), log_level="warning", api_key="s3cret")
+    with Server(cfg, opts) as s:
+        def bench(name: str, *extra: str) -> tuple[int, dict]:
+            rc = main(["bench", "serve", "--base-url", s.base_url, *extra, "model=llama3_8b",
+                       "logger=none", "driver.progress=false", "print_table=false",
+                       "plots=false", "workload.num_requests=3",
+                       f"hydra.run.dir={tmp_path / name}"])
+            return rc, json.loads((tmp_path / name / "results.json").read_text())
+
+        rc, res = bench("flag", "--api-key", "s3cret")
+        assert rc == 0 and res["completed"] == 3
+        monkeypatch.setenv("SCHEDLAB_API_KEY", "s3cret")
+        rc, res = bench("env")
+        assert rc == 0 and res["completed"] == 3
+        assert "s3cret" not in (tmp_path / "env" / "results.json").read_text()

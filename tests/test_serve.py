@@ -187,6 +187,22 @@ def test_chat_streamed_and_not(server, client):
     assert finish == "length" and usage.completion_tokens == 5
 
 
+def test_null_is_the_default_wherever_openai_allows_it(client):
+    """The SDK sends `null` for a parameter given as None (`n`, `stream`, `echo`, ... are
+    nullable in OpenAI's API): taken as the default, on both endpoints."""
+    nulls = dict(n=None, stream=None, stop=None, seed=None, temperature=None, top_p=None,
+                 presence_penalty=None, frequency_penalty=None, logit_bias=None, logprobs=None,
+                 stream_options=None, user=None)
+    r = client.completions.create(model=MODEL, prompt=[5, 6], max_tokens=2, echo=None,
+                                  best_of=None, suffix=None, extra_body={"ignore_eos": True},
+                                  **nulls)
+    assert r.usage.completion_tokens == 2 and r.choices[0].finish_reason == "length"
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2, max_completion_tokens=None,
+                                       extra_body={"ignore_eos": True}, **nulls)
+    assert r.usage.completion_tokens == 2 and r.choices[0].finish_reason == "length"
+
+
 # ---- errors ---------------------------------------------------------------------------------
 P = {"model": MODEL, "prompt": [1, 2]}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -227,6 +243,20 @@ BAD = [
     ("completions response_format", "completions", {**P, "response_format": {
         "type": "json_schema", "json_schema": {}}}, 400, "response_format"),
     ("logprobs 0", "completions", {**P, "logprobs": 0}, 400, "logprobs"),
+    ("top_logprobs", "chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("functions", "chat/completions", {**CHAT, "functions": [{"name": "f"}]}, 400,
+     "functions"),
+    ("min_p", "completions", {**P, "min_p": 0.1}, 400, "min_p"),
+    ("chat min_p", "chat/completions", {**CHAT, "min_p": 0.1}, 400, "min_p"),
+    ("include_stop_str_in_output", "chat/completions", {
+        **CHAT, "stop": ["x"], "include_stop_str_in_output": True}, 400,
+     "include_stop_str_in_output"),
+    ("add_generation_prompt false", "chat/completions", {
+        **CHAT, "add_generation_prompt": False}, 400, "add_generation_prompt"),
+    ("completions max_completion_tokens", "completions", {**P, "max_completion_tokens": 4},
+     400, "max_completion_tokens"),
+    ("max_completion_tokens 0", "chat/completions", {**CHAT, "max_completion_tokens": 0}, 400,
+     "max_completion_tokens"),
 ]
 
 
@@ -246,6 +276,18 @@ def test_bad_input_is_an_openai_error_and_the_server_goes_on(server, endpoint, b
     ok = httpx.post(server.base_url + "/v1/completions",
                     json={"model": MODEL, "prompt": [1, 2], "max_tokens": 2})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_fields_not_honoured_are_taken_at_their_defaults(client):
+    """vLLM's extras that schedlab does not implement are refused only when they would change
+    the output: their default values (as a vLLM client may send them) are taken."""
+    defaults = {"ignore_eos": True, "min_p": 0.0, "skip_special_tokens": True,
+                "include_stop_str_in_output": False, "use_beam_search": False, "bad_words": [],
+                "metadata": {"run": "a"}}
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       max_completion_tokens=2, top_logprobs=0,
+                                       extra_body=defaults)
+    assert r.usage.completion_tokens == 2
 
 
 def test_openai_client_raises_bad_request(client):

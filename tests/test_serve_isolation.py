@@ -163,3 +163,48 @@ def test_a_body_sent_in_chunks_is_cut_off_at_the_limit(llama_dir):
         assert ok.status_code == 200
         assert re.search(r'request_errors_total\{model_name="tiny",status="413"\} 1\.0',
                          httpx.get(s.base_url + "/metrics").text)
+
+
+def test_a_plugin_that_raises_on_add_or_abort_fails_that_request_only(monkeypatch):
+    """A queue that raises taking one client's request, and a scheduler that raises aborting
+    another's (its client went away): each is one failed request and a logged trace; the
+    engine thread lives, a stream running meanwhile ends with all its tokens, and later
+    requests are served."""
+    cfg = EngineConfig(model="llama3_8b", executor="sim", executor_options={"hardware": "h100"},
+                       max_model_len=2048)
+    with Server(cfg, ServerOptions(port=0, model_names=(MODEL,), log_level="warning")) as s:
+        sched = s.engine.scheduler
+        add, abort = sched.waiting.add, sched.abort
+        planted: list[str] = []
+
+        def faulty_add(request):
+            if request.client_id == "bad-add":
+                planted.append("add")
+                raise RuntimeError("planted in add")
+            return add(request)
+
+        def faulty_abort(request, now):
+            if request.client_id == "bad-abort":
+                planted.append("abort")
+                raise RuntimeError("planted in abort")
+            return abort(request, now)
+
+        monkeypatch.setattr(sched.waiting, "add", faulty_add)
+        monkeypatch.setattr(sched, "abort", faulty_abort)
+        url = s.base_url + "/v1/completions"
+        out: dict = {"started": threading.Event()}
+        t = threading.Thread(target=_long_stream, args=(s.base_url, out))
+        t.start()
+        assert out["started"].wait(60)
+        with httpx.Client(timeout=20) as h:
+            r = h.post(url, json={**P, "user": "bad-add"})
+            assert r.status_code == 500 and "failed to take the request" in r.text
+            body = {**P, "max_tokens": 400, "ignore_eos": True, "stream": True,
+                    "user": "bad-abort"}
+            with h.stream("POST", url, json=body) as r:
+                next(r.iter_lines())  # one chunk, then the client goes away
+        t.join(120)
+        assert out["finish"] == "length" and out["usage"]["completion_tokens"] == LONG
+        assert planted == ["add", "abort"] and s.loop._thread.is_alive()
+        ok = httpx.post(url, json=P, timeout=20)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2

@@ -51,7 +51,7 @@ examples:
 
 BENCH_USAGE = """\
 usage: schedlab bench serve --base-url URL [--model NAME] [--vocab-size N]
-                            [--timeout S] [overrides]
+                            [--timeout S] [--api-key KEY] [overrides]
 
 Replay a workload (the `workload=` group and its keys, `seed`, `sampling.*`,
 `driver.max_concurrency`, `metrics.*`) against any OpenAI-compatible server over HTTP with
@@ -63,6 +63,8 @@ options:
   --model NAME     the `model` to send (default: the first of the server's /v1/models)
   --vocab-size N   token ids in [2, N) (default: the vocabulary of the `model=` config)
   --timeout S      per-request timeout in seconds (default 600)
+  --api-key KEY    sent as `Authorization: Bearer KEY`, for a server run with --api-key
+                   (default: $SCHEDLAB_API_KEY)
 
 examples:
   schedlab bench serve --base-url http://127.0.0.1:8000
@@ -77,6 +79,7 @@ class _BenchArgs:
     model: str | None
     vocab_size: int | None
     timeout_s: float
+    api_key: str | None
 
 
 def serve_main(argv: Sequence[str]) -> int:
@@ -130,6 +133,7 @@ def bench_main(argv: Sequence[str]) -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--vocab-size", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--api-key", default=None)
     parsed = _parse(ap, args[1:], BENCH_USAGE)
     if isinstance(parsed, int):
         return parsed
@@ -140,8 +144,9 @@ def bench_main(argv: Sequence[str]) -> int:
     if not any(o.split("=", 1)[0].lstrip("+~") == "executor" for o in overrides):
         # NOTE: no engine is built here; sim accepts every model config (a preset included)
         overrides = [*overrides, "executor=sim"]
+    key = ns.api_key if ns.api_key is not None else os.environ.get("SCHEDLAB_API_KEY") or None
     return _hydra(_bench_task, "schedlab bench serve", overrides,
-                  _BenchArgs(ns.base_url, ns.model, ns.vocab_size, ns.timeout))
+                  _BenchArgs(ns.base_url, ns.model, ns.vocab_size, ns.timeout, key))
 
 
 # ---- argument handling ---------------------------------------------------------------------
@@ -297,10 +302,10 @@ def _bench(s: RunSettings, a: _BenchArgs) -> None:
             raise ConfigError(f"cannot tell the vocabulary size: {e}; pass --vocab-size") from None
     seed_everything(s.seed)
     workload = build_workload(s.workload, vocab, seed=s.seed)
-    model = a.model or served_model(a.base_url)
+    model = a.model or served_model(a.base_url, api_key=a.api_key)
     opts = BenchOptions(base_url=a.base_url, model=model, temperature=s.temperature,
                         ignore_eos=s.ignore_eos, max_concurrency=s.max_concurrency,
-                        timeout_s=a.timeout_s, progress=s.progress)
+                        timeout_s=a.timeout_s, progress=s.progress, api_key=a.api_key)
     result = run_bench(workload, opts)
     metrics = client_metrics(result, compute_metrics(result, percentiles=s.percentiles,
                                                      slo=s.slo))

@@ -48,6 +48,8 @@ class BenchOptions:
         max_concurrency: at most this many requests in flight (None: no cap).
         timeout_s: per-request timeout.
         progress: a tqdm bar of requests done on stderr.
+        api_key: sent as `Authorization: Bearer <key>` (a server run with `--api-key`); None:
+            no key.
     """
 
     base_url: str
@@ -57,17 +59,22 @@ class BenchOptions:
     max_concurrency: int | None = None
     timeout_s: float = 600.0
     progress: bool = False
+    api_key: str | None = None
 
 
-def served_model(base_url: str, timeout_s: float = 10.0) -> str:
-    """The first model id of `GET /v1/models`.
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def served_model(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> str:
+    """The first model id of `GET /v1/models` (with `api_key`, if given).
 
     Raises:
         BenchError: the server does not answer, or lists no model.
     """
     url = base_url.rstrip("/") + "/v1/models"
     try:
-        r = httpx.get(url, timeout=timeout_s)
+        r = httpx.get(url, timeout=timeout_s, headers=auth_headers(api_key))
         r.raise_for_status()
         data = r.json().get("data") or []
     except (httpx.HTTPError, ValueError, AttributeError) as e:
@@ -89,7 +96,7 @@ def run_bench(workload: list[WorkloadRequest], options: BenchOptions) -> RunResu
         BenchError: the server cannot be reached or names no model.
     """
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
-    model = options.model or served_model(options.base_url)
+    model = options.model or served_model(options.base_url, api_key=options.api_key)
     return asyncio.run(_run(workload, options, model))
 
 
@@ -102,7 +109,8 @@ async def _run(workload: list[WorkloadRequest], o: BenchOptions, model: str) -> 
     bar = progress_bar(len(workload), o.progress)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(o.timeout_s, connect=30.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=timeout,
+                                 headers=auth_headers(o.api_key)) as client:
         start = time.perf_counter()
 
         async def one(first: int, prompt: list[int], release_s: float) -> None:

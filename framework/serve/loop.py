@@ -303,10 +303,19 @@ class EngineLoop:
             return
         if self._paced is not None:
             self._paced.catch_up()
-        req = engine.add_request(g.prompt_token_ids, g.sampling_params, request_id=g.request_id,
-                                 priority=g.priority, client_id=g.client_id,
-                                 deadline_ms=g.deadline_ms, slo_class=g.slo_class,
-                                 expected_output_len=g.expected_output_len)
+        try:
+            req = engine.add_request(g.prompt_token_ids, g.sampling_params,
+                                     request_id=g.request_id, priority=g.priority,
+                                     client_id=g.client_id, deadline_ms=g.deadline_ms,
+                                     slo_class=g.slo_class,
+                                     expected_output_len=g.expected_output_len)
+        except Exception:  # noqa: BLE001 - a plugin bug fails this request, not the server
+            log.exception("adding request %s failed", g.request_id)
+            self._drop(g.request_id)
+            self._num_done += 1
+            stream.put(StreamEvent(error="the engine failed to take the request; see the "
+                                   "server log", status=500))
+            return
         if req.reject_reason is not None:
             engine.forget(req.request_id)
             self._num_done += 1
@@ -343,10 +352,8 @@ class EngineLoop:
     def _end(self, a: _Active, reason: str, text: str = "",
              token_ids: list[int] | None = None) -> None:
         req = a.request
-        if not req.is_finished:
-            self.engine.abort(req.request_id)
         del self._active[req.request_id]
-        self.engine.forget(req.request_id)  # NOTE: a server must not keep them all
+        self._drop(req.request_id)  # NOTE: a server must not keep them all
         a.stream.put(StreamEvent(text, req.num_prompt_tokens, a.num_sent_tokens, reason,
                                  token_ids=list(token_ids or ())))
         if self._on_finished is not None:
@@ -368,16 +375,24 @@ class EngineLoop:
                                  num_prompt_tokens=req.num_prompt_tokens,
                                  num_output_tokens=a.num_sent_tokens))
 
+    def _drop(self, request_id: str) -> None:
+        """Abort (if unfinished) and forget a request; a plugin that raises on the way is
+        logged, not let out: the loop and the other requests go on."""
+        engine = self.engine
+        try:
+            req = engine.requests.get(request_id)
+            if req is not None:
+                if not req.is_finished:
+                    engine.abort(request_id)
+                engine.forget(request_id)
+        except Exception:  # noqa: BLE001
+            log.exception("aborting request %s failed", request_id)
+
     def _fail(self, actives: list[_Active], message: str | dict[str, str]) -> None:
         """End these requests with an error event (the others go on); the gauges follow."""
         for a in actives:
             rid = a.request.request_id
-            try:
-                if not a.request.is_finished:
-                    self.engine.abort(rid)
-                self.engine.forget(rid)
-            except Exception:  # noqa: BLE001
-                log.exception("abort after a failed step failed")
+            self._drop(rid)
             del self._active[rid]
             self._num_done += 1
             why = message if isinstance(message, str) else message[rid]

@@ -93,7 +93,7 @@ def prepare(info: ModelInfo, raw: bytes, chat: bool) -> Prepared:
                         priority=body.priority, deadline_ms=body.deadline_ms,
                         slo_class=body.slo_class,
                         expected_output_len=body.expected_output_len)
-    return Prepared(g, shape, body.stream, body.include_usage, body.continuous_usage,
+    return Prepared(g, shape, bool(body.stream), body.include_usage, body.continuous_usage,
                     body.return_token_ids)
 
 

@@ -2,9 +2,11 @@
 
 Bodies are strict pydantic models parsed from the raw bytes (`parse`): `"max_tokens": "5"`,
 `"stream": "yes"`, `true` for a number, NaN or infinity, and invalid UTF-16 (a lone surrogate)
-are refused with a 400; fields OpenAI has that are not listed are ignored, and the listed ones
-that schedlab cannot honour (`n > 1`, `logprobs`, `echo`, `best_of > 1`, chat `tools` and a
-`response_format` other than text) are refused with a 400.
+are refused with a 400; `null` is taken wherever OpenAI allows it (as the field's default).
+What schedlab cannot honour is refused with a 400 naming it: `n > 1`, `logprobs`,
+`top_logprobs`, `echo`, `best_of > 1`, `tools` / `functions`, a `response_format` other than
+text, `max_completion_tokens` on /v1/completions, and vLLM's extras in `NOT_HONOURED` set to
+anything but their default; other fields (`metadata`, `store`, ...) are ignored.
 """
 
 from __future__ import annotations
@@ -19,6 +21,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 Prompt = str | list[int] | list[str] | list[list[int]]
 
 _STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+#: fields OpenAI or vLLM take that would change the output if honoured, each with the value that
+#: leaves it as it is (null and [] too): any other value is refused, never ignored
+NOT_HONOURED: dict[str, Any] = {
+    "top_logprobs": 0, "functions": None, "min_p": 0, "use_beam_search": False,
+    "length_penalty": 1, "include_stop_str_in_output": False, "skip_special_tokens": True,
+    "spaces_between_special_tokens": True, "allowed_token_ids": None, "bad_words": None,
+    "prompt_logprobs": None, "truncate_prompt_tokens": None, "guided_json": None,
+    "guided_regex": None, "guided_choice": None, "guided_grammar": None,
+    "structured_outputs": None, "add_generation_prompt": True,
+    "continue_final_message": False, "echo": False}
 B = TypeVar("B", bound=BaseModel)
 
 
@@ -63,7 +75,7 @@ class _Sampling(BaseModel):
     length-aware queue, as `schedlab run`'s `workload.oracle_output_len`); OpenAI's `user` is
     the client id."""
 
-    model_config = _STRICT
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     model: str | None = None
     temperature: float | None = None
@@ -71,7 +83,7 @@ class _Sampling(BaseModel):
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
@@ -80,7 +92,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    n: int = 1
+    n: int | None = 1
     logprobs: bool | int | None = None
     best_of: int | None = None
     user: str | None = None
@@ -94,8 +106,11 @@ class _Sampling(BaseModel):
 
     def unsupported(self) -> str | None:
         """Why this body asks for something the server cannot do, or None."""
-        if self.n != 1:
+        if self.n not in (None, 1):
             return f"n={self.n}: only n=1 is supported"
+        for name, value in (self.model_extra or {}).items():
+            if name in NOT_HONOURED and value not in (None, [], NOT_HONOURED[name]):
+                return f"{name} is not supported"
         if self.best_of not in (None, 1):
             return f"best_of={self.best_of}: only best_of=1 is supported"
         if self.logprobs is not None and self.logprobs is not False:  # NOTE: 0 asks for some
@@ -150,7 +165,7 @@ class CompletionRequest(_Sampling):
 
     prompt: Prompt
     max_tokens: int | None = 16
-    echo: bool = False
+    echo: bool | None = False
     suffix: str | None = None
 
     def unsupported(self) -> str | None:
@@ -158,6 +173,9 @@ class CompletionRequest(_Sampling):
             return "echo is not supported"
         if self.suffix:
             return "suffix is not supported"
+        if (self.model_extra or {}).get("max_completion_tokens") is not None:
+            return ("max_completion_tokens is a chat completions field; /v1/completions takes "
+                    "max_tokens")
         return super().unsupported()
 
 
@@ -174,6 +192,12 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+
+    def unsupported(self) -> str | None:
+        n = self.max_completion_tokens
+        if n is not None and n < 1:
+            return f"max_completion_tokens must be a positive integer, got {n}"
+        return super().unsupported()
 
     @property
     def output_limit(self) -> int | None:
