@@ -16,7 +16,7 @@ import sys
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import CodeType
+from types import CodeType, FrameType
 from typing import TYPE_CHECKING
 
 from schedlab.registry import PluginError
@@ -153,12 +153,12 @@ def named(value: object) -> str:
 
 
 def plugin_at(frame: object, slots: Iterable[PluginSlot],
-              below: CodeType) -> tuple[PluginSlot, str, str] | None:
+              below: CodeType) -> tuple[PluginSlot, str, str, FrameType] | None:
     """The plugin whose code a thread runs now, from that thread's innermost `frame`
-    (`sys._current_frames()`): its slot, the interface method the framework called and the
-    line it stands at; None when the thread is in no plugin's code inside a call of `below`
-    (the run loop: a caller's own frames are never blamed, even in a plugin's file). No state
-    change."""
+    (`sys._current_frames()`): its slot, the interface method the framework called, the line
+    it stands at and that method's frame (the same object for as long as the call lasts);
+    None when the thread is in no plugin's code inside a call of `below` (the run loop: a
+    caller's own frames are never blamed, even in a plugin's file). No state change."""
     stack = list(traceback.walk_stack(frame))  # type: ignore[arg-type]
     stack.reverse()  # NOTE: outermost first, as a traceback's frames
     start = next((k for k, (f, _) in enumerate(stack) if f.f_code is below), None)
@@ -173,7 +173,8 @@ def plugin_at(frame: object, slots: Iterable[PluginSlot],
             while j > 0 and owner[j - 1] is found:
                 j -= 1
             f, line = stack[i]
-            return found, stack[j][0].f_code.co_name, _where(f.f_code.co_filename, line)
+            outer = stack[j][0]
+            return found, outer.f_code.co_name, _where(f.f_code.co_filename, line), outer
     return None
 
 

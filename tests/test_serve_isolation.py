@@ -208,3 +208,34 @@ def test_a_plugin_that_raises_on_add_or_abort_fails_that_request_only(monkeypatc
         assert planted == ["add", "abort"] and s.loop._thread.is_alive()
         ok = httpx.post(url, json=P, timeout=20)
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_plugin_call_past_the_timeout_fails_the_requests_in_flight_and_serving_goes_on(
+        monkeypatch):
+    """A scheduler that loops in its third schedule(): past `plugin_timeout_s` the request in
+    flight ends with an error naming the plugin, the method and the line; the engine thread
+    lives and the next request is served."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures" / "broken_plugins"))
+    cfg = EngineConfig(model="llama3_8b", executor="sim", executor_options={"hardware": "h100"},
+                       max_model_len=2048, scheduler="looping_scheduler:LoopingScheduler")
+    opts = ServerOptions(port=0, model_names=(MODEL,), log_level="warning",
+                         plugin_timeout_s=0.5)
+    with Server(cfg, opts) as s:
+        url = s.base_url + "/v1/completions"
+        body = {**P, "max_tokens": 8, "ignore_eos": True}
+        t0 = time.monotonic()
+        r = httpx.post(url, json=body, timeout=60)
+        assert time.monotonic() - t0 < 20  # the planted loop runs 30 s
+        assert r.status_code == 500, r.text
+        msg = r.json()["error"]["message"]
+        assert msg.startswith("the engine failed: scheduler "
+                              "'looping_scheduler:LoopingScheduler' did not return from "
+                              "schedule() in "), msg
+        assert msg.endswith("; the requests in flight failed (driver.plugin_timeout_s=0.5; "
+                            "null waits)")
+        assert s.loop._thread.is_alive()
+        ok = httpx.post(url, json=body, timeout=60)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 8

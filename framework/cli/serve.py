@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import hydra
@@ -235,7 +235,7 @@ def _serve_task(cfg: DictConfig, opts) -> None:
         seed_everything(s.seed)
         s.model.prepare()
         try:
-            server = Server(s.engine, opts)
+            server = Server(s.engine, replace(opts, plugin_timeout_s=s.plugin_timeout_s))
         except (ValueError, OSError, RuntimeError) as e:
             if isinstance(e, user_errors()):
                 raise

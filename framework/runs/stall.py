@@ -21,12 +21,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from types import CodeType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from schedlab.faults import PluginRuntimeError, PluginSlot, plugin_at
 
 if TYPE_CHECKING:
     from schedlab.cluster.cluster import Cluster
+    from schedlab.engine import Engine
 
 #: seconds without a step before a plugin the run's thread stands in is named (vLLM's
 #: `VLLM_ENGINE_ITERATION_TIMEOUT_S` is 60 s too)
@@ -44,10 +46,29 @@ class PluginTimeout(BaseException):
 
 
 class _Stop:
-    """What the watch stopped the run for: the plugin, its method and line, the seconds."""
+    """Why the watch stopped a plugin call: the sentence naming it (None: it has not)."""
 
     def __init__(self) -> None:
         self.message: str | None = None
+
+
+class _Words(NamedTuple):
+    """How a watch's lines end, for a run or a server."""
+
+    #: no timeout: what happens while the call does not return
+    waits: str
+    #: with a timeout, after "at N s": what happens then
+    stops: str
+    #: the stop sentence's end
+    stopped: str
+    #: after the warning's last clause
+    tail: str
+
+
+_RUN = _Words("the run waits for it", "the run is stopped", "the run was stopped",
+              " (Ctrl-C stops it and keeps what ran)")
+_SERVER = _Words("the server waits for it", "the requests in flight fail",
+                 "the requests in flight failed", "")
 
 
 @contextmanager
@@ -60,34 +81,6 @@ def stall_watch(cluster: Cluster, seconds: float | None = None,
     Raises:
         PluginRuntimeError: a plugin call outlived `timeout`; one sentence naming it.
     """
-    limit = STALL_WARNING_S if seconds is None else seconds
-    stop = threading.Event()
-    stopped = _Stop()
-    watched = threading.get_ident()
-    thread = threading.Thread(target=_watch,
-                              args=(cluster, limit, timeout, stop, watched, stopped),
-                              name="schedlab-stall-watch", daemon=True)
-    thread.start()
-    try:
-        yield
-    except PluginTimeout:
-        raise PluginRuntimeError(stopped.message or "a plugin call outlived the run's plugin "
-                                 "timeout") from None
-    finally:
-        stop.set()
-        thread.join()
-
-
-def _watch(cluster: Cluster, limit: float, timeout: float | None, stop: threading.Event,
-           watched: int, stopped: _Stop) -> None:
-    try:
-        _look(cluster, limit, timeout, stop, watched, stopped)
-    except Exception:  # noqa: BLE001 - a watch never disturbs the run it watches
-        return
-
-
-def _look(cluster: Cluster, limit: float, timeout: float | None, stop: threading.Event,
-          watched: int, stopped: _Stop) -> None:
     from schedlab.cluster.loop import RunLoop
 
     # NOTE: a cluster that ran split holds stand-ins for its engines (no plugins, no steps)
@@ -98,34 +91,88 @@ def _look(cluster: Cluster, limit: float, timeout: float | None, stop: threading
     for router in (cluster.router, cluster.decode_router):
         if router is not None:
             slots.append(PluginSlot("router", router, cluster.router_label))
+    with _watching(engines, slots, RunLoop.run.__code__, seconds, timeout, _RUN) as stopped:
+        try:
+            yield
+        except PluginTimeout:
+            raise PluginRuntimeError(stopped.message or "a plugin call outlived the run's "
+                                     "plugin timeout") from None
+
+
+@contextmanager
+def engine_watch(engine: Engine, below: CodeType, timeout: float | None,
+                 seconds: float | None = None) -> Iterator[_Stop]:
+    """The watch of a server's engine thread (the calling thread, inside calls of `below`):
+    as `stall_watch`, but a call past `timeout` raises `PluginTimeout` in the thread for it to
+    catch (the server goes on); the stop sentence is then the yielded object's `message`."""
+    with _watching([engine], engine.plugin_slots, below, seconds, timeout, _SERVER) as stopped:
+        yield stopped
+
+
+@contextmanager
+def _watching(engines: list, slots: list[PluginSlot], below: CodeType, seconds: float | None,
+              timeout: float | None, words: _Words) -> Iterator[_Stop]:
+    limit = STALL_WARNING_S if seconds is None else seconds
+    stop = threading.Event()
+    stopped = _Stop()
+    args = (engines, slots, below, limit, timeout, words, stop, threading.get_ident(), stopped)
+    thread = threading.Thread(target=_watch, args=args, name="schedlab-stall-watch",
+                              daemon=True)
+    thread.start()
+    try:
+        yield stopped
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _watch(*args: Any) -> None:
+    try:
+        _look(*args)
+    except Exception:  # noqa: BLE001 - a watch never disturbs the run it watches
+        return
+
+
+def _look(engines: list, slots: list[PluginSlot], below: CodeType, limit: float,
+          timeout: float | None, words: _Words, stop: threading.Event, watched: int,
+          stopped: _Stop) -> None:
+    """Poll the engines' step counts; while they stand still, the watched thread's frame: a
+    plugin call seen in the same frame poll after poll is timed from the first poll that saw
+    it (an idle wait before it is not counted)."""
     first = limit if timeout is None else min(limit, timeout)
-    last, since, warned = None, time.monotonic(), False
+    last: tuple[int, ...] | None = None
+    call: object = None  # the frame of the plugin call being timed
+    since, warned = 0.0, False
     while not stop.wait(min(first / 4, 1.0)):
         steps = tuple(getattr(e, "num_steps", 0) for e in engines)
-        now = time.monotonic()
         if steps != last:
-            last, since, warned = steps, now, False
-            continue
-        waited = now - since
-        late = timeout is not None and waited >= timeout
-        if (warned or waited < limit) and not late:
+            last, call = steps, None
             continue
         frame = sys._current_frames().get(watched)
-        found = plugin_at(frame, slots, RunLoop.run.__code__) if frame is not None else None
+        found = plugin_at(frame, slots, below) if frame is not None else None
+        now = time.monotonic()
         if found is None:
+            call = None
             continue
-        slot, method, where = found
-        if late:
+        slot, method, where, outer = found
+        if outer is not call:
+            call, since, warned = outer, now, False
+            continue
+        waited = now - since
+        if timeout is not None and waited >= timeout:
             stopped.message = (f"{slot.kind} {slot.name} did not return from {method}() in "
-                               f"{waited:.3g} s ({where}); the run was stopped "
+                               f"{waited:.3g} s ({where}); {words.stopped} "
                                f"(driver.plugin_timeout_s={timeout:g}; null waits)")
             _raise_in(watched)
-            return
-        then = ("the run waits for it" if timeout is None else
-                f"the run is stopped at {timeout:g} s (driver.plugin_timeout_s)")
+            call = None
+            continue
+        if warned or waited < limit:
+            continue
+        then = (words.waits if timeout is None else
+                f"{words.stops} at {timeout:g} s (driver.plugin_timeout_s)")
         print(f"schedlab: warning: {slot.kind} {slot.name} has not returned from "
-              f"{method}() in {waited:.3g} s ({where}); {then} (Ctrl-C stops it and keeps "
-              "what ran)", file=sys.stderr, flush=True)
+              f"{method}() in {waited:.3g} s ({where}); {then}{words.tail}", file=sys.stderr,
+              flush=True)
         warned = True
 
 

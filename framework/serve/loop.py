@@ -25,6 +25,7 @@ from schedlab.clock import PacedClock, VirtualClock
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
 from schedlab.request import Request, RequestFailure, RequestStatus, SamplingParams
+from schedlab.runs.stall import PLUGIN_TIMEOUT_S, PluginTimeout, engine_watch
 from schedlab.serve.text import TextStream
 from schedlab.stats import EngineCounters
 
@@ -151,16 +152,21 @@ class EngineLoop:
         max_waiting: refuse new requests (HTTP 503) while this many wait in the engine's queue;
             None: no limit.
         on_finished: called on the engine thread with each finished request (metrics).
+        plugin_timeout_s: a plugin call that has not returned after this many seconds is
+            stopped and the requests in flight fail naming it (`schedlab.runs.stall`); None:
+            the loop waits for it.
     """
 
     def __init__(self, engine: Engine, tokenizer=None, max_waiting: int | None = None,
-                 on_finished: Callable[[FinishedRequest], None] | None = None) -> None:
+                 on_finished: Callable[[FinishedRequest], None] | None = None,
+                 plugin_timeout_s: float | None = PLUGIN_TIMEOUT_S) -> None:
         if max_waiting is not None and max_waiting < 0:
             raise ValueError(f"max_waiting={max_waiting} must be >= 0 or None")
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_waiting = max_waiting
         self._on_finished = on_finished
+        self.plugin_timeout_s = plugin_timeout_s
         self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._active: dict[str, _Active] = {}
         self._thread: threading.Thread | None = None
@@ -225,37 +231,50 @@ class EngineLoop:
     # ---- the engine thread ---------------------------------------------------------------
     def _run(self) -> None:
         engine = self.engine
-        while not self._stop.is_set():
-            self._take_inbox(block=not engine.has_unfinished())
-            if not engine.has_unfinished():
-                continue
-            if self._paced is not None:
-                self._paced.catch_up()
-            try:
-                engine.step()
-            except RequestFailure as e:  # NOTE: the step changed nothing; the others go on
-                log.warning("failing %d requests: %s", len(e.reasons), e)
-                self._fail([a for rid, a in self._active.items() if rid in e.reasons],
-                           {rid: f"the request failed: {why}" for rid, why in e.reasons.items()})
-                continue
-            except Exception:  # noqa: BLE001 - a bug must not kill the server silently
-                # NOTE: first blamed on the requests new to this step (the others stepped
-                # fine before); if it fails again without them, on the rest of the step
-                plan = engine.last_plan
-                planned = {r.request_id for r in plan.requests()} if plan else set()
-                hit = [a for rid, a in self._active.items()
-                       if rid in planned and rid not in self._stepped_ok] or [
-                    a for rid, a in self._active.items() if rid in planned]
-                log.exception("engine step failed; failing %d of its requests",
-                              len(hit) or len(self._active))
-                self._fail(hit or list(self._active.values()),
-                           "the engine failed during a step; see the server log")
-                continue
+        # NOTE: a plugin call past the timeout is stopped in this thread (`engine_watch`):
+        # the requests in flight fail with the sentence naming it, and the server goes on
+        with engine_watch(engine, EngineLoop._run.__code__, self.plugin_timeout_s) as stopped:
+            while not self._stop.is_set():
+                try:
+                    self._turn()
+                except PluginTimeout:
+                    why = stopped.message or "a plugin call outlived the plugin timeout"
+                    log.error("%s", why)
+                    self._fail(list(self._active.values()), f"the engine failed: {why}")
+
+    def _turn(self) -> None:
+        """One turn of the engine thread: take the inbox, then step once if there is work."""
+        engine = self.engine
+        self._take_inbox(block=not engine.has_unfinished())
+        if not engine.has_unfinished():
+            return
+        if self._paced is not None:
+            self._paced.catch_up()
+        try:
+            engine.step()
+        except RequestFailure as e:  # NOTE: the step changed nothing; the others go on
+            log.warning("failing %d requests: %s", len(e.reasons), e)
+            self._fail([a for rid, a in self._active.items() if rid in e.reasons],
+                       {rid: f"the request failed: {why}" for rid, why in e.reasons.items()})
+            return
+        except Exception:  # noqa: BLE001 - a bug must not kill the server silently
+            # NOTE: first blamed on the requests new to this step (the others stepped
+            # fine before); if it fails again without them, on the rest of the step
             plan = engine.last_plan
-            self._stepped_ok = {r.request_id for r in plan.requests()} if plan else set()
-            self._dispatch()
-            engine.drain_step_stats()  # NOTE: counters carry what the server reports
-            self.counters = engine.counters()
+            planned = {r.request_id for r in plan.requests()} if plan else set()
+            hit = [a for rid, a in self._active.items()
+                   if rid in planned and rid not in self._stepped_ok] or [
+                a for rid, a in self._active.items() if rid in planned]
+            log.exception("engine step failed; failing %d of its requests",
+                          len(hit) or len(self._active))
+            self._fail(hit or list(self._active.values()),
+                       "the engine failed during a step; see the server log")
+            return
+        plan = engine.last_plan
+        self._stepped_ok = {r.request_id for r in plan.requests()} if plan else set()
+        self._dispatch()
+        engine.drain_step_stats()  # NOTE: counters carry what the server reports
+        self.counters = engine.counters()
 
     def _take_inbox(self, block: bool) -> None:
         try:

@@ -21,6 +21,7 @@ import uvicorn
 
 from schedlab import __version__
 from schedlab.config import EngineConfig
+from schedlab.runs.stall import PLUGIN_TIMEOUT_S
 from schedlab.serve.app import ServeState, build_app
 from schedlab.serve.loop import EngineLoop, build_engine
 from schedlab.serve.prepare import ModelInfo
@@ -51,6 +52,8 @@ class ServerOptions:
             `default_max_request_bytes` of the engine.
         api_key: required as `Authorization: Bearer <key>` on every path but /health,
             /metrics and /version; None: no key.
+        plugin_timeout_s: a plugin call running longer fails the requests in flight, naming
+            it (`driver.plugin_timeout_s`); None: wait.
     """
 
     host: str = "127.0.0.1"
@@ -61,6 +64,7 @@ class ServerOptions:
     log_level: str = "info"
     max_request_bytes: int | None = None
     api_key: str | None = None
+    plugin_timeout_s: float | None = PLUGIN_TIMEOUT_S
 
 
 #: hosts that only this machine reaches
@@ -120,7 +124,8 @@ class Server:
             engine.max_model_len, vocab)
         self.metrics = ServerMetrics(self.model_names[0])
         self.loop = EngineLoop(engine, self.tokenizer, options.max_waiting,
-                               on_finished=self.metrics.observe)
+                               on_finished=self.metrics.observe,
+                               plugin_timeout_s=options.plugin_timeout_s)
         self.metrics.watch(self.loop)
         info = ModelInfo(self.model_names, engine.max_model_len, vocab, self.tokenizer)
         self.app = build_app(ServeState(self.loop, info, self.metrics, self.max_request_bytes,
