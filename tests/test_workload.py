@@ -197,6 +197,20 @@ def test_bad_spec_names_the_key_and_accepted_values(spec, words):
      ["workload.input_len.max=nan", "not NaN"]),
     (synth(output_len={"dist": "normal", "mean": float("inf"), "std": 1}),
      ["workload.output_len.mean=inf must be a finite number"]),
+    # a key of another distribution: ignored before (alpha under uniform drew uniform lengths)
+    (synth(input_len={"dist": "uniform", "min": 1, "max": 9, "alpha": 2}),
+     ["workload.input_len.alpha is not read by a dist=uniform length spec; accepted: dist, min, "
+      "max, mean, range_ratio"]),
+    (synth(output_len={"dist": "zipf", "min": 1, "max": 9, "alpha": 1, "std": 3}),
+     ["workload.output_len.std is not read by a dist=zipf", "accepted: dist, min, max, alpha"]),
+    (synth(input_len={"dist": "uniform", "min": 1, "max": 9, "mean": 5}),
+     ["workload.input_len.mean is not read by a dist=uniform length spec without range_ratio"]),
+    (synth(clients=[{"id": "a", "output_len": {"dist": "normal", "mean": 8, "alpha": 1}}]),
+     ["workload.clients[0].output_len.alpha is not read by a dist=normal", "std"]),
+    ({"type": "sessions", "num_sessions": 2, "input_len": 4, "output_len": 4,
+      "think_time_s": {"dist": "uniform", "mean": 1.0, "max": 2}},
+     ["workload.think_time_s.mean is not read by a dist=uniform duration spec; accepted: dist, "
+      "min, max"]),
 ])
 def test_unknown_keys_and_bad_values_are_named_with_what_is_accepted(spec, words):
     """A misspelled key (the spec's, a nested node's, a list entry's) is refused, not ignored;
@@ -205,6 +219,14 @@ def test_unknown_keys_and_bad_values_are_named_with_what_is_accepted(spec, words
         build_workload(spec, VOCAB)
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+def test_a_parameter_of_another_distribution_is_refused_when_drawn():
+    rng = np.random.default_rng(0)
+    with pytest.raises(WorkloadError, match="turns.sigma is not read by a dist=fixed"):
+        sample_lengths({"dist": "fixed", "value": 3, "sigma": 1}, 4, rng, "turns")
+    lens = sample_lengths({"dist": "fixed", "value": 3, "min": 1, "max": 9}, 4, rng, "turns")
+    assert lens.tolist() == [3] * 4  # the bounds conf/workload gives every spec are taken
 
 
 def test_every_shipped_workload_config_passes_the_key_check():

@@ -43,9 +43,11 @@ from schedlab.runs.distributions import (
     ARRIVAL_KEYS,
     FIRST_TOKEN_ID,
     LENGTH_KEYS,
+    SECONDS_DIST_KEYS,
     SECONDS_KEYS,
     WorkloadError,
     WorkloadRequest,
+    check_dist_keys,
     check_keys,
     get_int,
     get_key,
@@ -179,6 +181,10 @@ def check_spec(spec: Mapping[str, Any]) -> None:
         accepted = spec_keys(spec, str(name))
         if accepted is not None:
             check_keys(node, accepted, str(name))
+        if accepted is LENGTH_KEYS:
+            check_dist_keys(node, str(name))
+        elif accepted is SECONDS_KEYS:
+            check_dist_keys(node, str(name), SECONDS_DIST_KEYS, "duration")
     oracle = spec.get("oracle_output_len", True)
     if not isinstance(oracle, bool):
         raise WorkloadError(f"workload.oracle_output_len={oracle!r}; accepted: true, false")
@@ -244,6 +250,7 @@ def parse_clients(value: Any) -> list[ClientSpec]:
             check_keys(c, CLIENT_KEYS, key, "a client", named)
             for node in ("input_len", "output_len"):
                 check_keys(c.get(node), LENGTH_KEYS, f"{key}.{node}")
+                check_dist_keys(c.get(node), f"{key}.{node}")
         if not isinstance(c, Mapping) or c.get("id") in (None, ""):
             raise WorkloadError(f"workload.{key}={c!r} must be a mapping with an 'id'")
         if (c.get("rate") is None) == (c.get("weight") is None) and c.get("rate") is not None:
