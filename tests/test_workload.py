@@ -197,6 +197,8 @@ def test_bad_spec_names_the_key_and_accepted_values(spec, words):
      ["workload.input_len.max=nan", "not NaN"]),
     (synth(output_len={"dist": "normal", "mean": float("inf"), "std": 1}),
      ["workload.output_len.mean=inf must be a finite number"]),
+    (synth(clients=[{"id": "a", "priority": 2**60}]),
+     ["workload.clients[0].priority=1152921504606846976 must be an integer within +-2**53"]),
     # a key of another distribution: ignored before (alpha under uniform drew uniform lengths)
     (synth(input_len={"dist": "uniform", "min": 1, "max": 9, "alpha": 2}),
      ["workload.input_len.alpha is not read by a dist=uniform length spec; accepted: dist, min, "
@@ -363,9 +365,24 @@ ROW = '{"prompt_tokens": 3, "output_tokens": 2}\n'
      ["invalid JSON", "4300 digits"]),
     ("azure", "t.csv", AZURE_HEAD + "0,10,5\n1,10," + "5" * 140_000 + "\n", 3,
      ["not readable as CSV", "field limit"]),
+    # a number that overflows to inf, or past what a float holds exactly (read as is before)
+    ("azure", "t.csv", AZURE_HEAD[:-1] + ",deadline_ms\n0,10,5,100\n1,10,5,1e400\n", 3,
+     ["deadline_ms='1e400' must be a finite positive number"]),
+    ("azure", "t.csv", AZURE_HEAD[:-1] + ",deadline_ms\n0,10,5,inf\n", 2, ["deadline_ms='inf'"]),
+    ("azure", "t.csv", AZURE_HEAD[:-1] + ",priority\n0,10,5,1" + "0" * 400 + "\n", 2,
+     ["priority of 401 digits is beyond +-2**53"]),
+    ("jsonl", "t.jsonl", ROW + '{"prompt_tokens": 3, "output_tokens": 2, "priority": '
+     '-9007199254740993}\n', 2, ["priority=-9007199254740993 is beyond +-2**53"]),
+    ("jsonl", "t.jsonl", '{"prompt_tokens": 3, "output_tokens": 2, "deadline_ms": 1e400}\n', 1,
+     ["deadline_ms=inf must be a finite positive number"]),
+    ("azure", "t.csv", AZURE_HEAD + "0,10,5\n1e400,10,5\n", 3, ["TIMESTAMP='1e400'"]),
+    ("azure", "t.csv", AZURE_HEAD + "0,1e400,5\n", 2, ["ContextTokens='1e400'"]),
 ], ids=["azure-negative-time", "azure-time-span", "burstgpt-time-span", "jsonl-time-span",
         "jsonl-time-overflow", "jsonl-prompt-count", "jsonl-output-count", "azure-prompt-count",
-        "jsonl-nesting", "sharegpt-nesting", "jsonl-long-int", "csv-long-field"])
+        "jsonl-nesting", "sharegpt-nesting", "jsonl-long-int", "csv-long-field",
+        "csv-deadline-overflow", "csv-deadline-inf", "csv-priority-overflow",
+        "jsonl-priority-beyond-float", "jsonl-deadline-overflow", "csv-time-overflow",
+        "csv-count-overflow"])
 def test_out_of_bounds_trace_row_names_file_and_line(tmp_path, fmt, name, text, line, words):
     """Rows a reader could parse but no run could replay (an arrival ~1e308 s away, 1e13
     prompt tokens, JSON nested past the parser's depth, a CSV field over its limit) are refused

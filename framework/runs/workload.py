@@ -43,6 +43,7 @@ from schedlab.runs.distributions import (
     ARRIVAL_KEYS,
     FIRST_TOKEN_ID,
     LENGTH_KEYS,
+    MAX_PRIORITY,
     SECONDS_DIST_KEYS,
     SECONDS_KEYS,
     WorkloadError,
@@ -261,8 +262,10 @@ def parse_clients(value: Any) -> list[ClientSpec]:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise WorkloadError(f"workload.{key}.count={count!r} must be an integer >= 1")
         prio = c.get("priority")
-        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)):
-            raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer")
+        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)
+                                 or abs(prio) > MAX_PRIORITY):
+            raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer within "
+                                "+-2**53")
         ids = [str(c["id"])] if count == 1 else [f"{c['id']}{j}" for j in range(count)]
         for cid in ids:
             out.append(ClientSpec(cid, share, rate, prio, c.get("slo_class"),
@@ -295,8 +298,10 @@ def parse_slo_classes(value: Any) -> list[SLOClass]:
         deadline = (None if c.get("deadline_ms") is None
                     else get_pos(c, "deadline_ms", key, allow_inf=True))
         prio = c.get("priority")
-        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)):
-            raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer")
+        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)
+                                 or abs(prio) > MAX_PRIORITY):
+            raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer within "
+                                "+-2**53")
         out.append(SLOClass(str(c["name"]), deadline, get_pos(c, "weight", key, 1.0), prio))
     return out
 
