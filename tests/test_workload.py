@@ -197,6 +197,18 @@ def test_bad_spec_names_the_key_and_accepted_values(spec, words):
      ["workload.input_len.max=nan", "not NaN"]),
     (synth(output_len={"dist": "normal", "mean": float("inf"), "std": 1}),
      ["workload.output_len.mean=inf must be a finite number"]),
+    # a client's class that no SLO class defines (its requests ran with no deadline), a class
+    # given twice (the last won), weights whose sum overflows (a numpy ValueError)
+    (synth(clients=[{"id": "a", "slo_class": "chta"}],
+           slo_classes=[{"name": "chat", "deadline_ms": 100}, {"name": "batch"}]),
+     ["workload.clients[0].slo_class='chta' (client 'a') is not a class of "
+      "workload.slo_classes; accepted: chat, batch"]),
+    (synth(slo_classes=[{"name": "chat", "deadline_ms": 100}, {"name": "chat"}]),
+     ["workload.slo_classes: class names must be unique"]),
+    (synth(clients=[{"id": "a", "weight": 1e308}, {"id": "b", "weight": 1e308}]),
+     ["workload.clients: the weights (or rates) add up to more than a float holds"]),
+    (synth(slo_classes=[{"name": "a", "weight": 1e308}, {"name": "b", "weight": 1e308}]),
+     ["workload.slo_classes: the weights add up to more than a float holds"]),
     (synth(clients=[{"id": "a", "priority": 2**60}]),
      ["workload.clients[0].priority=1152921504606846976 must be an integer within +-2**53"]),
     # a key of another distribution: ignored before (alpha under uniform drew uniform lengths)

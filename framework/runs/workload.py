@@ -32,6 +32,7 @@ Tenants and SLO tiers (any type):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -190,7 +191,13 @@ def check_spec(spec: Mapping[str, Any]) -> None:
     if not isinstance(oracle, bool):
         raise WorkloadError(f"workload.oracle_output_len={oracle!r}; accepted: true, false")
     parse_clients(spec.get("clients"))
-    parse_slo_classes(spec.get("slo_classes"))
+    names = [c.name for c in parse_slo_classes(spec.get("slo_classes"))]
+    for i, c in enumerate(spec.get("clients") or []):
+        tier = c.get("slo_class")
+        if names and tier is not None and str(tier) not in names:  # NOTE: else a plain label
+            raise WorkloadError(f"workload.clients[{i}].slo_class={tier!r} (client "
+                                f"{c['id']!r}) is not a class of workload.slo_classes; "
+                                f"accepted: {', '.join(names)}")
 
 
 def _generate(kind: str, spec: Mapping[str, Any], n: int, vocab_size: int,
@@ -272,6 +279,9 @@ def parse_clients(value: Any) -> list[ClientSpec]:
                                   c.get("input_len"), c.get("output_len")))
     if len({c.client_id for c in out}) != len(out):
         raise WorkloadError("workload.clients: client ids must be unique")
+    if not math.isfinite(sum(c.share for c in out)):
+        raise WorkloadError("workload.clients: the weights (or rates) add up to more than a "
+                            "float holds; scale them down")
     if len({c.rate is None for c in out}) > 1:
         raise WorkloadError("workload.clients: give every client a 'rate' or none (weights)")
     return out
@@ -303,6 +313,11 @@ def parse_slo_classes(value: Any) -> list[SLOClass]:
             raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer within "
                                 "+-2**53")
         out.append(SLOClass(str(c["name"]), deadline, get_pos(c, "weight", key, 1.0), prio))
+    if len({c.name for c in out}) != len(out):
+        raise WorkloadError("workload.slo_classes: class names must be unique")
+    if not math.isfinite(sum(c.weight for c in out)):
+        raise WorkloadError("workload.slo_classes: the weights add up to more than a float "
+                            "holds; scale them down")
     return out
 
 
