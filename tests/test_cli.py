@@ -379,6 +379,9 @@ ONE_SENTENCE = {  # overrides -> the start of the one line the command prints
     "plots=maybe": "plots='maybe'; accepted: true, false",
     "seed=-1": "seed=-1 must be an integer >= 0",
     "workload.input_len.max=nan": "workload.input_len.max=nan must be a number (or inf), not NaN",
+    "workload.input_len.dist=uniform +workload.input_len.alpha=2":
+        "workload.input_len.alpha is not read by a dist=uniform length spec; accepted: dist, min, "
+        "max, mean, range_ratio",
 }
 
 

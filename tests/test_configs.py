@@ -216,6 +216,32 @@ def test_seed_and_lengths_refuse_values_numpy_would_choke_on(base_overrides, lla
         build_workload(settings.workload, 512)
 
 
+@pytest.mark.parametrize("overrides, want", [
+    (["workload.input_len.dist=fixed", "+workload.input_len.value=64"],
+     {"dist": "fixed", "min": 16, "max": 384, "value": 64}),
+    (["workload.input_len.dist=zipf", "+workload.input_len.alpha=1.2"],
+     {"dist": "zipf", "min": 16, "max": 384, "alpha": 1.2}),
+    (["experiment=orca", "workload.output_len.dist=uniform"],
+     {"dist": "uniform", "min": 1, "max": 384}),
+    (["experiment=orca", "workload.output_len={dist:uniform,min:2}"],
+     {"dist": "uniform", "min": 2, "max": 384}),
+    (["experiment=orca", "workload.output_len.dist=uniform",
+      "+workload.output_len.range_ratio=0.5"],
+     {"dist": "uniform", "min": 1, "max": 384, "mean": 48, "range_ratio": 0.5}),
+])
+def test_switching_dist_drops_what_the_config_gave_the_other_dist(overrides, want,
+                                                                  base_overrides):
+    """`schedlab run` with a length spec's `dist` switched: the bounds every spec carries stay,
+    the parameters the config gave the other distribution (orca's lognormal mean and sigma)
+    go, so the switch is not refused for keys the user never wrote."""
+    from schedlab.cli.checks import drop_carried_keys
+
+    node = "input_len" if "input_len" in overrides[0] else "output_len"
+    cfg = _compose([*base_overrides, *drop_carried_keys(overrides)])
+    assert OmegaConf.to_container(cfg.workload[node]) == want
+    build_settings(cfg)
+
+
 def test_the_keys_checked_are_those_the_root_config_sets():
     """`accepted_keys` and conf/config.yaml agree: every section key the root config sets is
     accepted, and every accepted one is set there (one default per knob)."""

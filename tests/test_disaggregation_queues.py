@@ -161,3 +161,34 @@ def test_a_queue_that_gives_up_on_a_transfer_rejects_it_with_its_reason(lifo):
 def test_every_registered_queue_runs_the_decode_side_whole(queue):
     run = _run(queue, _mixed(n=15, gap=0.01, deadline_ms=50.0))
     assert len(run.requests) == 15
+
+
+def test_vtc_on_the_decode_side_keeps_one_counter_per_client_with_the_prompts():
+    """The decode engine's own queue (its victims, its preempted requests) and the queue its
+    arrived transfers wait in keep one book: the prompts charged as transfers take their seats
+    and the first tokens the prefill instance produced are counted in it, besides every decode
+    token. The decode engine's queue used to count its decode tokens only."""
+    cluster = Cluster(_pd(), _sim(queue="vtc", max_num_seqs=2))
+    run = cluster.run(_mixed(n=15, gap=0.01), check=True).run
+    decode = cluster.decode[0]
+    own, transfers = decode.engine.scheduler.waiting, decode.pending.queue
+    assert own.counters is transfers.counters
+    for client in ("heavy", "light"):
+        served = sum(r.num_prompt_tokens + 2.0 * r.num_output_tokens
+                     for r in run.requests if r.client_id == client)
+        assert own.counters[client] >= served  # at least its service (a lift adds to it)
+
+
+def test_vtc_preempts_the_client_served_more_on_the_decode_side():
+    """Decode KV runs out as the short request needs a block, neither yet run this step: the
+    victim is the request whose client got more service counting its 600-token prompt, not the
+    one with a few more decode tokens (the decode engine's queue used to see those only, and
+    preempted the short one)."""
+    rng = random.Random(4)
+    short = WorkloadRequest([rng.randrange(2, 999) for _ in range(48)], 240, client_id="short")
+    long = WorkloadRequest([rng.randrange(2, 999) for _ in range(600)], 240, client_id="long",
+                           arrival_s=0.01)
+    run = _run("vtc", [short, long], num_kv_blocks=57, block_size=16)
+    r_short, r_long = run.requests
+    assert r_long.metrics.num_preemptions >= 1
+    assert r_short.metrics.num_preemptions == 0

@@ -197,6 +197,34 @@ def test_bad_spec_names_the_key_and_accepted_values(spec, words):
      ["workload.input_len.max=nan", "not NaN"]),
     (synth(output_len={"dist": "normal", "mean": float("inf"), "std": 1}),
      ["workload.output_len.mean=inf must be a finite number"]),
+    # a client's class that no SLO class defines (its requests ran with no deadline), a class
+    # given twice (the last won), weights whose sum overflows (a numpy ValueError)
+    (synth(clients=[{"id": "a", "slo_class": "chta"}],
+           slo_classes=[{"name": "chat", "deadline_ms": 100}, {"name": "batch"}]),
+     ["workload.clients[0].slo_class='chta' (client 'a') is not a class of "
+      "workload.slo_classes; accepted: chat, batch"]),
+    (synth(slo_classes=[{"name": "chat", "deadline_ms": 100}, {"name": "chat"}]),
+     ["workload.slo_classes: class names must be unique"]),
+    (synth(clients=[{"id": "a", "weight": 1e308}, {"id": "b", "weight": 1e308}]),
+     ["workload.clients: the weights (or rates) add up to more than a float holds"]),
+    (synth(slo_classes=[{"name": "a", "weight": 1e308}, {"name": "b", "weight": 1e308}]),
+     ["workload.slo_classes: the weights add up to more than a float holds"]),
+    (synth(clients=[{"id": "a", "priority": 2**60}]),
+     ["workload.clients[0].priority=1152921504606846976 must be an integer within +-2**53"]),
+    # a key of another distribution: ignored before (alpha under uniform drew uniform lengths)
+    (synth(input_len={"dist": "uniform", "min": 1, "max": 9, "alpha": 2}),
+     ["workload.input_len.alpha is not read by a dist=uniform length spec; accepted: dist, min, "
+      "max, mean, range_ratio"]),
+    (synth(output_len={"dist": "zipf", "min": 1, "max": 9, "alpha": 1, "std": 3}),
+     ["workload.output_len.std is not read by a dist=zipf", "accepted: dist, min, max, alpha"]),
+    (synth(input_len={"dist": "uniform", "min": 1, "max": 9, "mean": 5}),
+     ["workload.input_len.mean is not read by a dist=uniform length spec without range_ratio"]),
+    (synth(clients=[{"id": "a", "output_len": {"dist": "normal", "mean": 8, "alpha": 1}}]),
+     ["workload.clients[0].output_len.alpha is not read by a dist=normal", "std"]),
+    ({"type": "sessions", "num_sessions": 2, "input_len": 4, "output_len": 4,
+      "think_time_s": {"dist": "uniform", "mean": 1.0, "max": 2}},
+     ["workload.think_time_s.mean is not read by a dist=uniform duration spec; accepted: dist, "
+      "min, max"]),
 ])
 def test_unknown_keys_and_bad_values_are_named_with_what_is_accepted(spec, words):
     """A misspelled key (the spec's, a nested node's, a list entry's) is refused, not ignored;
@@ -205,6 +233,14 @@ def test_unknown_keys_and_bad_values_are_named_with_what_is_accepted(spec, words
         build_workload(spec, VOCAB)
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+def test_a_parameter_of_another_distribution_is_refused_when_drawn():
+    rng = np.random.default_rng(0)
+    with pytest.raises(WorkloadError, match="turns.sigma is not read by a dist=fixed"):
+        sample_lengths({"dist": "fixed", "value": 3, "sigma": 1}, 4, rng, "turns")
+    lens = sample_lengths({"dist": "fixed", "value": 3, "min": 1, "max": 9}, 4, rng, "turns")
+    assert lens.tolist() == [3] * 4  # the bounds conf/workload gives every spec are taken
 
 
 def test_every_shipped_workload_config_passes_the_key_check():
@@ -341,9 +377,24 @@ ROW = '{"prompt_tokens": 3, "output_tokens": 2}\n'
      ["invalid JSON", "4300 digits"]),
     ("azure", "t.csv", AZURE_HEAD + "0,10,5\n1,10," + "5" * 140_000 + "\n", 3,
      ["not readable as CSV", "field limit"]),
+    # a number that overflows to inf, or past what a float holds exactly (read as is before)
+    ("azure", "t.csv", AZURE_HEAD[:-1] + ",deadline_ms\n0,10,5,100\n1,10,5,1e400\n", 3,
+     ["deadline_ms='1e400' must be a finite positive number"]),
+    ("azure", "t.csv", AZURE_HEAD[:-1] + ",deadline_ms\n0,10,5,inf\n", 2, ["deadline_ms='inf'"]),
+    ("azure", "t.csv", AZURE_HEAD[:-1] + ",priority\n0,10,5,1" + "0" * 400 + "\n", 2,
+     ["priority of 401 digits is beyond +-2**53"]),
+    ("jsonl", "t.jsonl", ROW + '{"prompt_tokens": 3, "output_tokens": 2, "priority": '
+     '-9007199254740993}\n', 2, ["priority=-9007199254740993 is beyond +-2**53"]),
+    ("jsonl", "t.jsonl", '{"prompt_tokens": 3, "output_tokens": 2, "deadline_ms": 1e400}\n', 1,
+     ["deadline_ms=inf must be a finite positive number"]),
+    ("azure", "t.csv", AZURE_HEAD + "0,10,5\n1e400,10,5\n", 3, ["TIMESTAMP='1e400'"]),
+    ("azure", "t.csv", AZURE_HEAD + "0,1e400,5\n", 2, ["ContextTokens='1e400'"]),
 ], ids=["azure-negative-time", "azure-time-span", "burstgpt-time-span", "jsonl-time-span",
         "jsonl-time-overflow", "jsonl-prompt-count", "jsonl-output-count", "azure-prompt-count",
-        "jsonl-nesting", "sharegpt-nesting", "jsonl-long-int", "csv-long-field"])
+        "jsonl-nesting", "sharegpt-nesting", "jsonl-long-int", "csv-long-field",
+        "csv-deadline-overflow", "csv-deadline-inf", "csv-priority-overflow",
+        "jsonl-priority-beyond-float", "jsonl-deadline-overflow", "csv-time-overflow",
+        "csv-count-overflow"])
 def test_out_of_bounds_trace_row_names_file_and_line(tmp_path, fmt, name, text, line, words):
     """Rows a reader could parse but no run could replay (an arrival ~1e308 s away, 1e13
     prompt tokens, JSON nested past the parser's depth, a CSV field over its limit) are refused

@@ -218,6 +218,54 @@ def _missing_key(cfg: Any, o: Any) -> str | None:
     return f"{key} is not a key of {where}; accepted: {', '.join(accepted)}{added}"
 
 
+def drop_carried_keys(overrides: Sequence[str]) -> list[str]:
+    """`workload.output_len.dist=uniform` (or `workload.output_len={dist: uniform, ...}`, which
+    Hydra merges too) on a spec the config gives another dist: the keys the config set there
+    that uniform does not read (an experiment's lognormal `mean`, `sigma`) are dropped, one
+    `~workload.output_len.sigma` appended for each. A key the command line sets stays (and is
+    checked); a swept switch is left as it is (the check names what to drop)."""
+    from hydra import compose
+    from omegaconf import DictConfig, OmegaConf
+
+    from schedlab.runs.distributions import LENGTH_DIST_KEYS, SECONDS_DIST_KEYS, dist_keys
+    from schedlab.runs.workload import LENGTH_NODES
+
+    parsed = _parse(overrides)
+    if parsed is None or any(o.is_sweep_override() for o in parsed):
+        return list(overrides)
+    specs = {f"workload.{n}" for n in (*LENGTH_NODES, "think_time_s")}
+    switched: dict[str, dict[str, Any]] = {}  # spec path -> the keys the command line sets
+    for o in parsed:
+        key, value = o.key_or_group, None if o.is_delete() else o.value()
+        path, _, leaf = key.rpartition(".")
+        if o.package is not None:
+            continue
+        if key in specs and isinstance(value, dict):
+            switched.setdefault(key, {}).update(value)
+        elif path in specs:
+            switched.setdefault(path, {})[leaf] = value
+    if not any("dist" in given for given in switched.values()):
+        return list(overrides)
+    with _hydra_conf() as loader:
+        groups = [o.input_line for o in parsed if loader.repository.group_exists(o.key_or_group)
+                  and not isinstance(o.value(), dict)]
+        try:
+            cfg = compose("config", overrides=groups)
+        except Exception:  # noqa: BLE001 - a config that does not compose: Hydra says why
+            return list(overrides)
+    out = list(overrides)
+    for path, given in switched.items():
+        node = OmegaConf.select(cfg, path, throw_on_missing=False)
+        if not isinstance(node, DictConfig) or "dist" not in given:
+            continue
+        table = SECONDS_DIST_KEYS if path.endswith("think_time_s") else LENGTH_DIST_KEYS
+        keys = [str(k) for k in node]
+        accepted = dist_keys({**dict.fromkeys(keys), **given}, table)
+        out += [f"~{path}.{k}" for k in keys if accepted is not None and k not in accepted
+                and k not in given]
+    return out
+
+
 def prepare_overrides(overrides: Sequence[str]) -> list[str] | None:
     """What every Hydra-composed command does first: offline Hugging Face defaults, `KIND=
     module:Class` rewritten, group choices and overridden keys checked. None (after one
@@ -230,4 +278,4 @@ def prepare_overrides(overrides: Sequence[str]) -> list[str] | None:
     if message is not None:
         print(f"schedlab: error: {message}", file=sys.stderr)
         return None
-    return list(overrides)
+    return drop_carried_keys(overrides)

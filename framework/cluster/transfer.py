@@ -95,8 +95,9 @@ class ArrivedTransfers:
     it preempted itself (those wait in the engine's own queue), and the policy's head blocks
     the rest (no skipping ahead), as the engine admits its waiting requests; under `fcfs` this
     is the arrival order, as before the policy decided it. The engine's own queue still
-    orders what the engine preempts itself and picks its victims when KV runs out mid-decode,
-    with its own books (VTC: every decode token, not the prompts charged here).
+    orders what the engine preempts itself and picks its victims when KV runs out mid-decode;
+    a policy that keeps service books keeps one per instance, shared by the two queues through
+    the KV manager both are bound to (VTC: the prompts charged here and every token).
 
     Args:
         engine: the decode instance's engine.

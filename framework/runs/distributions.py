@@ -15,11 +15,28 @@ DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal", "zipf")
 PROCESSES = ("offline", "poisson", "gamma")
 #: the keys of `workload.arrival` (`arrival_times` reads them)
 ARRIVAL_KEYS = ("process", "rate", "burstiness")
-#: the keys of a length spec (`sample_lengths` reads them): every distribution's parameters,
-#: so a key another `dist` reads stays accepted when `dist` is switched on the command line
-LENGTH_KEYS = ("dist", "min", "max", "value", "mean", "range_ratio", "std", "sigma", "alpha")
-#: the keys of a duration spec (`sample_seconds` reads them)
-SECONDS_KEYS = ("dist", "value", "mean", "min", "max")
+#: length `dist` -> the keys `sample_lengths` reads for it. Every one takes the bounds `min` and
+#: `max` (what conf/workload gives every spec, so switching `dist` keeps them); `uniform` reads
+#: `mean` only with `range_ratio`; `fixed` reads `mean` for `value`, `lognormal` `std` for `sigma`
+LENGTH_DIST_KEYS: dict[str, tuple[str, ...]] = {
+    "fixed": ("dist", "min", "max", "value", "mean"),
+    "uniform": ("dist", "min", "max", "mean", "range_ratio"),
+    "normal": ("dist", "min", "max", "mean", "std"),
+    "lognormal": ("dist", "min", "max", "mean", "sigma", "std"),
+    "zipf": ("dist", "min", "max", "alpha"),
+}
+#: duration `dist` -> the keys `sample_seconds` reads for it
+SECONDS_DIST_KEYS: dict[str, tuple[str, ...]] = {
+    "fixed": ("dist", "value", "mean"),
+    "uniform": ("dist", "min", "max"),
+    "exponential": ("dist", "mean"),
+}
+#: the keys of a length spec and of a duration spec, whatever its `dist`
+LENGTH_KEYS = tuple(dict.fromkeys(k for ks in LENGTH_DIST_KEYS.values() for k in ks))
+SECONDS_KEYS = tuple(dict.fromkeys(k for ks in SECONDS_DIST_KEYS.values() for k in ks))
+#: the largest |priority| a request may carry (a workload's or a trace row's): an integer a
+#: float holds exactly, as a priority queue's aging adds seconds to it as a float
+MAX_PRIORITY = 2**53
 #: token ids below this are reserved (the tiny tokenizer's <|endoftext|> and <pad>)
 FIRST_TOKEN_ID = 2
 
@@ -97,6 +114,7 @@ def sample_lengths(dist: Any, n: int, rng: np.random.Generator, key: str) -> np.
     name = dist.get("dist", "fixed")
     if name not in DISTRIBUTIONS:
         raise WorkloadError(f"workload.{key}.dist={name!r}; accepted: {', '.join(DISTRIBUTIONS)}")
+    check_dist_keys(dist, key)
     lo = get_num(dist, "min", key, 1)
     hi = get_num(dist, "max", key, math.inf, allow_inf=True)
     if lo < 1 or lo > hi:
@@ -147,6 +165,7 @@ def sample_seconds(dist: Any, n: int, rng: np.random.Generator, key: str) -> np.
         raise WorkloadError(f"workload.{key}={dist!r} must be a number of seconds or a mapping "
                             "with 'dist'")
     name = dist.get("dist", "fixed")
+    check_dist_keys(dist, key, SECONDS_DIST_KEYS, "duration")
     if name == "fixed":
         out = np.full(n, get_num(dist, "value", key, dist.get("mean")))
     elif name == "uniform":
@@ -251,6 +270,37 @@ def check_keys(node: Any, accepted: Sequence[str], key: str = "", what: str = ""
         named = f" ({entry})" if entry else ""
         raise WorkloadError(f"{path}.{unknown[0]}{named} is not a key of {what or path}; "
                             f"accepted: {', '.join(accepted)}")
+
+
+def dist_keys(node: Mapping[str, Any],
+              table: Mapping[str, tuple[str, ...]] = LENGTH_DIST_KEYS) -> tuple[str, ...] | None:
+    """The keys the spec `node` reads for its `dist` (default fixed), by `table`; None for an
+    unknown `dist` (its reader names the accepted ones)."""
+    name = node.get("dist", "fixed")
+    keys = table.get(name) if isinstance(name, str) else None
+    if keys is not None and table is LENGTH_DIST_KEYS and name == "uniform" and (
+            "range_ratio" not in node):
+        keys = tuple(k for k in keys if k != "mean")
+    return keys
+
+
+def check_dist_keys(node: Any, key: str, table: Mapping[str, tuple[str, ...]] = LENGTH_DIST_KEYS,
+                    what: str = "length") -> None:
+    """Refuse a key of the spec `node` (at `workload.{key}`) that its `dist` does not read.
+
+    Raises:
+        WorkloadError: naming the key, the distribution and the keys it reads.
+    """
+    if not isinstance(node, Mapping):
+        return
+    accepted = dist_keys(node, table)
+    unknown = sorted(str(k) for k in set(node) - set(accepted or node))
+    if accepted is not None and unknown:
+        name, bad = node.get("dist", "fixed"), unknown[0]
+        plain = " without range_ratio" if bad in table[name] else ""  # uniform's mean
+        raise WorkloadError(f"workload.{key}.{bad} is not read by a dist={name} {what} spec"
+                            f"{plain}; accepted: {', '.join(table[name])} (on the command line, "
+                            f"~workload.{key}.{bad} drops it)")
 
 
 def get_int(spec: Mapping[str, Any], name: str, minimum: int) -> int:

@@ -17,7 +17,7 @@ from typing import TextIO
 import numpy as np
 
 from schedlab.runs.distributions import random_tokens
-from schedlab.runs.trace_rows import TraceRow, row_error, token_count
+from schedlab.runs.trace_rows import TraceRow, priority_value, row_error, token_count
 
 #: format -> (timestamp, prompt tokens, output tokens) column names
 CSV_COLUMNS = {
@@ -90,9 +90,9 @@ def _tenant_columns(row: list[str], extra: dict[str, int], path: Path,
     except ValueError:
         raise row_error(path, line,
                         f"priority={prio!r} / deadline_ms={dl!r}: not numbers") from None
-    if deadline is not None and not deadline > 0:
-        raise row_error(path, line, f"deadline_ms={dl!r} must be a positive number")
-    return priority, cell("client_id"), cell("slo_class"), deadline
+    if deadline is not None and not 0 < deadline < math.inf:  # NOTE: 1e400 reads as inf
+        raise row_error(path, line, f"deadline_ms={dl!r} must be a finite positive number")
+    return priority_value(priority, path, line), cell("client_id"), cell("slo_class"), deadline
 
 
 def _count(value: str, path: Path, line: int, col: str) -> int:

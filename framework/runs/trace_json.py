@@ -19,7 +19,13 @@ from schedlab.runs.distributions import (
     sample_seconds,
 )
 from schedlab.runs.sessions import session_requests
-from schedlab.runs.trace_rows import TraceRow, row_error, text_to_token_ids, token_count
+from schedlab.runs.trace_rows import (
+    TraceRow,
+    priority_value,
+    row_error,
+    text_to_token_ids,
+    token_count,
+)
 
 
 # ---- ShareGPT --------------------------------------------------------------------------
@@ -171,6 +177,7 @@ def read_jsonl(path: Path, vocab_size: int, rng: np.random.Generator) -> Iterato
         priority = obj.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise row_error(path, line, f"priority={priority!r} must be an integer")
+        priority_value(priority, path, line)
         dl = obj.get("deadline_ms")
         deadline = None if dl is None else _finite(dl)
         if dl is not None and (deadline is None or not deadline > 0):

@@ -9,7 +9,7 @@ import zlib
 from pathlib import Path
 from typing import NamedTuple
 
-from schedlab.runs.distributions import FIRST_TOKEN_ID, WorkloadError
+from schedlab.runs.distributions import FIRST_TOKEN_ID, MAX_PRIORITY, WorkloadError
 
 #: the most tokens a trace row's prompt or output may have: longer than any model's context
 #: (the longest, Llama 4 Scout's, is 10M); a count beyond it is a corrupt row, and would
@@ -58,3 +58,17 @@ def token_count(n: int, path: Path, line: int, field: str) -> int:
         raise row_error(path, line, f"{field}={n} is more than {MAX_TRACE_TOKENS:,} tokens, "
                                     "longer than any model's context")
     return n
+
+
+def priority_value(p: int, path: Path, line: int) -> int:
+    """`p`, a row's priority, checked against `MAX_PRIORITY`.
+
+    Raises:
+        WorkloadError: `|p|` is larger, naming the file and line.
+    """
+    if abs(p) > MAX_PRIORITY:
+        shown = f"={p}" if abs(p) < 10**20 else f" of {len(str(abs(p)))} digits"
+        raise row_error(path, line, f"priority{shown} is beyond +-2**53, the integers a float "
+                                    "holds exactly (a priority queue ages it as one)")
+    return p
+

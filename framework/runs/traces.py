@@ -11,7 +11,8 @@ tokens, e.g. BurstGPT's failed requests) are skipped; rows that cannot be read r
 `WorkloadError` naming the file, the line and what is wrong. So do rows beyond the bounds of
 `schedlab.runs.trace_rows`: a prompt or output over `MAX_TRACE_TOKENS` (10M) tokens, a
 timestamp that is not finite or below 0, an arrival more than `MAX_TRACE_SECONDS` (1e9 s)
-after the earliest.
+after the earliest, a `deadline_ms` that is not finite (CSV's 1e400 reads as inf), a
+`priority` beyond `MAX_PRIORITY` (2**53).
 
 This module checks the spec and makes arrival times relative; the per-format readers live in
 `schedlab.runs.trace_json` (ShareGPT, JSONL) and `schedlab.runs.trace_csv` (Azure, BurstGPT).

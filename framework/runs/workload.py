@@ -32,6 +32,7 @@ Tenants and SLO tiers (any type):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -43,9 +44,12 @@ from schedlab.runs.distributions import (
     ARRIVAL_KEYS,
     FIRST_TOKEN_ID,
     LENGTH_KEYS,
+    MAX_PRIORITY,
+    SECONDS_DIST_KEYS,
     SECONDS_KEYS,
     WorkloadError,
     WorkloadRequest,
+    check_dist_keys,
     check_keys,
     get_int,
     get_key,
@@ -179,11 +183,21 @@ def check_spec(spec: Mapping[str, Any]) -> None:
         accepted = spec_keys(spec, str(name))
         if accepted is not None:
             check_keys(node, accepted, str(name))
+        if accepted is LENGTH_KEYS:
+            check_dist_keys(node, str(name))
+        elif accepted is SECONDS_KEYS:
+            check_dist_keys(node, str(name), SECONDS_DIST_KEYS, "duration")
     oracle = spec.get("oracle_output_len", True)
     if not isinstance(oracle, bool):
         raise WorkloadError(f"workload.oracle_output_len={oracle!r}; accepted: true, false")
     parse_clients(spec.get("clients"))
-    parse_slo_classes(spec.get("slo_classes"))
+    names = [c.name for c in parse_slo_classes(spec.get("slo_classes"))]
+    for i, c in enumerate(spec.get("clients") or []):
+        tier = c.get("slo_class")
+        if names and tier is not None and str(tier) not in names:  # NOTE: else a plain label
+            raise WorkloadError(f"workload.clients[{i}].slo_class={tier!r} (client "
+                                f"{c['id']!r}) is not a class of workload.slo_classes; "
+                                f"accepted: {', '.join(names)}")
 
 
 def _generate(kind: str, spec: Mapping[str, Any], n: int, vocab_size: int,
@@ -244,6 +258,7 @@ def parse_clients(value: Any) -> list[ClientSpec]:
             check_keys(c, CLIENT_KEYS, key, "a client", named)
             for node in ("input_len", "output_len"):
                 check_keys(c.get(node), LENGTH_KEYS, f"{key}.{node}")
+                check_dist_keys(c.get(node), f"{key}.{node}")
         if not isinstance(c, Mapping) or c.get("id") in (None, ""):
             raise WorkloadError(f"workload.{key}={c!r} must be a mapping with an 'id'")
         if (c.get("rate") is None) == (c.get("weight") is None) and c.get("rate") is not None:
@@ -254,14 +269,19 @@ def parse_clients(value: Any) -> list[ClientSpec]:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise WorkloadError(f"workload.{key}.count={count!r} must be an integer >= 1")
         prio = c.get("priority")
-        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)):
-            raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer")
+        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)
+                                 or abs(prio) > MAX_PRIORITY):
+            raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer within "
+                                "+-2**53")
         ids = [str(c["id"])] if count == 1 else [f"{c['id']}{j}" for j in range(count)]
         for cid in ids:
             out.append(ClientSpec(cid, share, rate, prio, c.get("slo_class"),
                                   c.get("input_len"), c.get("output_len")))
     if len({c.client_id for c in out}) != len(out):
         raise WorkloadError("workload.clients: client ids must be unique")
+    if not math.isfinite(sum(c.share for c in out)):
+        raise WorkloadError("workload.clients: the weights (or rates) add up to more than a "
+                            "float holds; scale them down")
     if len({c.rate is None for c in out}) > 1:
         raise WorkloadError("workload.clients: give every client a 'rate' or none (weights)")
     return out
@@ -288,9 +308,16 @@ def parse_slo_classes(value: Any) -> list[SLOClass]:
         deadline = (None if c.get("deadline_ms") is None
                     else get_pos(c, "deadline_ms", key, allow_inf=True))
         prio = c.get("priority")
-        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)):
-            raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer")
+        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)
+                                 or abs(prio) > MAX_PRIORITY):
+            raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer within "
+                                "+-2**53")
         out.append(SLOClass(str(c["name"]), deadline, get_pos(c, "weight", key, 1.0), prio))
+    if len({c.name for c in out}) != len(out):
+        raise WorkloadError("workload.slo_classes: class names must be unique")
+    if not math.isfinite(sum(c.weight for c in out)):
+        raise WorkloadError("workload.slo_classes: the weights add up to more than a float "
+                            "holds; scale them down")
     return out
 
 
