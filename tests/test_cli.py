@@ -382,6 +382,19 @@ ONE_SENTENCE = {  # overrides -> the start of the one line the command prints
     "workload.input_len.dist=uniform +workload.input_len.alpha=2":
         "workload.input_len.alpha is not read by a dist=uniform length spec; accepted: dist, min, "
         "max, mean, range_ratio",
+    # sizes that would hang building them or run for ever (a run, or a numpy warning, before)
+    "cluster=replicas cluster.num_instances=1000000000":
+        "cluster.num_instances=1000000000: a cluster has at most 10,000 instances",
+    "cluster=disaggregated cluster.num_instances=null cluster.prefill_instances=6000 "
+    "cluster.decode_instances=6000":
+        "cluster.prefill_instances=6000 + cluster.decode_instances=6000: a cluster has at most "
+        "10,000 instances",
+    "workload.arrival.rate=1e-300": "workload.arrival.rate=1e-300 spreads 4 arrivals over ",
+    "workload.arrival.process=gamma workload.arrival.rate=1e-10 "
+    "workload.arrival.burstiness=1e-300":
+        "workload.arrival: rate=1e-10 x burstiness=1e-300 is too small to draw gaps from",
+    "+workload.clients=[{id:a,count:100000000}]":
+        "workload.clients[0].count=100000000 makes more than 1,000,000 clients in all",
 }
 
 

@@ -13,6 +13,8 @@ from schedlab.config import ConfigError, parse_bytes
 #: transfer, the cross-node setting of Splitwise
 DEFAULT_LINK_BANDWIDTH = "25GB"
 DEFAULT_LINK_LATENCY = 1e-4
+#: the most instances a cluster may have (prefill and decode ones together count each)
+MAX_INSTANCES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +52,16 @@ class ClusterConfig:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
                 raise ConfigError(f"cluster.{key}={v!r} must be an integer >= {minimum}")
+            if v > MAX_INSTANCES:
+                raise ConfigError(f"cluster.{key}={v!r}: a cluster has at most "
+                                  f"{MAX_INSTANCES:,} instances (each builds an engine and its "
+                                  "KV pool: ~1.4 MB and ~12 ms on the sim executor)")
             return v
 
         p, d = count("prefill_instances", 0), count("decode_instances", 0)
+        if p + d > MAX_INSTANCES:
+            raise ConfigError(f"cluster.prefill_instances={p} + cluster.decode_instances={d}: a "
+                              f"cluster has at most {MAX_INSTANCES:,} instances")
         if (p == 0) != (d == 0):
             raise ConfigError(
                 f"cluster.prefill_instances={p} and cluster.decode_instances={d}: "

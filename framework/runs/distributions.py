@@ -37,6 +37,10 @@ SECONDS_KEYS = tuple(dict.fromkeys(k for ks in SECONDS_DIST_KEYS.values() for k 
 #: the largest |priority| a request may carry (a workload's or a trace row's): an integer a
 #: float holds exactly, as a priority queue's aging adds seconds to it as a float
 MAX_PRIORITY = 2**53
+#: the longest a workload may span (s), its latest arrival after its earliest (a trace's after
+#: `time_scale`): about 32 years; beyond it a timestamp is corrupt (or in the wrong unit), or
+#: a synthetic rate far too low
+MAX_TRACE_SECONDS = 1e9
 #: token ids below this are reserved (the tiny tokenizer's <|endoftext|> and <pad>)
 FIRST_TOKEN_ID = 2
 
@@ -203,8 +207,18 @@ def arrival_times(spec: Mapping[str, Any] | None, n: int, rng: np.random.Generat
     if math.isinf(rate):
         return np.zeros(n)
     shape = 1.0 if process == "poisson" else get_pos(spec, "burstiness", "arrival", 1.0)
-    gaps = rng.gamma(shape, 1.0 / (rate * shape), size=n - 1)
-    return np.concatenate([[0.0], np.cumsum(gaps)])
+    with np.errstate(over="ignore"):
+        scale = 1.0 / (rate * shape)
+    if not math.isfinite(scale):
+        raise WorkloadError(f"workload.arrival: rate={rate!r} x burstiness={shape!r} is too "
+                            "small to draw gaps from (their mean 1 / (rate x burstiness) "
+                            "overflows); raise either")
+    times = np.concatenate([[0.0], np.cumsum(rng.gamma(shape, scale, size=n - 1))])
+    if not times[-1] <= MAX_TRACE_SECONDS:  # NOTE: also inf and nan
+        raise WorkloadError(f"workload.arrival.rate={rate!r} spreads {n} arrivals over "
+                            f"{times[-1]:.3g} s; a workload spans at most "
+                            f"{MAX_TRACE_SECONDS:.0e} s (~32 years), as a trace does")
+    return times
 
 
 def set_arrivals(reqs: list[WorkloadRequest], spec: Any, rng: np.random.Generator) -> None:

@@ -9,15 +9,16 @@ import zlib
 from pathlib import Path
 from typing import NamedTuple
 
-from schedlab.runs.distributions import FIRST_TOKEN_ID, MAX_PRIORITY, WorkloadError
+from schedlab.runs.distributions import (
+    FIRST_TOKEN_ID,
+    MAX_PRIORITY,
+    WorkloadError,
+)
 
 #: the most tokens a trace row's prompt or output may have: longer than any model's context
 #: (the longest, Llama 4 Scout's, is 10M); a count beyond it is a corrupt row, and would
 #: otherwise be drawn as that many random ids
 MAX_TRACE_TOKENS = 10_000_000
-#: the longest a trace may span (s), its latest arrival after its earliest, after
-#: `time_scale`: about 32 years; beyond it a timestamp is corrupt (or in the wrong unit)
-MAX_TRACE_SECONDS = 1e9
 
 
 class TraceRow(NamedTuple):

@@ -27,10 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from schedlab.runs.distributions import WorkloadError, WorkloadRequest, sample_lengths
+from schedlab.runs.distributions import (
+    MAX_TRACE_SECONDS,
+    WorkloadError,
+    WorkloadRequest,
+    sample_lengths,
+)
 from schedlab.runs.trace_csv import CSV_COLUMNS, read_csv
 from schedlab.runs.trace_json import read_jsonl, read_sharegpt, read_sharegpt_sessions
-from schedlab.runs.trace_rows import MAX_TRACE_SECONDS, TraceRow, row_error
+from schedlab.runs.trace_rows import TraceRow, row_error
 
 FORMATS = ("sharegpt", "azure", "burstgpt", "jsonl")
 #: format -> the field its arrival times come from (ShareGPT has none)

@@ -74,6 +74,9 @@ TYPE_KEYS: dict[str, tuple[str, ...]] = {
 }
 TYPES = tuple(TYPE_KEYS)
 #: the keys of one `workload.clients` entry and of one `workload.slo_classes` entry
+#: the most clients a workload may have (`count` expanded): each is a Python object and a
+#: row of per-client results
+MAX_CLIENTS = 1_000_000
 CLIENT_KEYS = ("id", "weight", "rate", "count", "priority", "slo_class", "input_len",
                "output_len")
 SLO_CLASS_KEYS = ("name", "deadline_ms", "weight", "priority")
@@ -268,6 +271,9 @@ def parse_clients(value: Any) -> list[ClientSpec]:
         count = c.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise WorkloadError(f"workload.{key}.count={count!r} must be an integer >= 1")
+        if len(out) + count > MAX_CLIENTS:
+            raise WorkloadError(f"workload.{key}.count={count!r} makes more than {MAX_CLIENTS:,} "
+                                "clients in all; a workload has at most that many")
         prio = c.get("priority")
         if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)
                                  or abs(prio) > MAX_PRIORITY):
