@@ -186,6 +186,30 @@ def test_hardware_profiles_resolve_and_round_trip(tmp_path):
         resolve_hardware({"preset": "h100", "flops": 1})
 
 
+@pytest.mark.parametrize(("override", "says"), [
+    ({"step_overhead": -1}, "step_overhead=-1 must be >= 0"),
+    ({"seq_overhead": -1e-6}, "seq_overhead=-1e-06 must be >= 0"),
+    ({"launch_overhead": -1}, "launch_overhead=-1 must be >= 0"),
+    ({"decode_pad_waste": -0.5}, "decode_pad_waste=-0.5 must be >= 0"),
+    ({"host_bandwidth": 0}, "host_bandwidth=0 must be positive"),
+    ({"matmul_flops": "abc"}, "matmul_flops='abc' must be a number"),
+    ({"kernel_time": float("nan")}, "kernel_time=nan must be a finite number"),
+    ({"mem_bandwidth": float("inf")}, "mem_bandwidth=inf must be a finite number"),
+])
+def test_a_hardware_field_that_would_make_times_negative_or_crash_is_named(override, says):
+    """Overrides that ran with negative step times, or died dividing by zero mid-run."""
+    with pytest.raises(ValueError, match=says):
+        resolve_hardware({"preset": "h100", **override})
+
+
+def test_tensor_parallel_without_an_interconnect_is_refused_when_built():
+    hw = resolve_hardware({"preset": "h100", "interconnect_bandwidth": 0})
+    assert CostModel(LLAMA8B, hw).tp == 1  # one device needs no interconnect
+    with pytest.raises(ValueError, match="tp=4 all-reduces over the interconnect, and hardware "
+                                         "'H100-SXM' has interconnect_bandwidth=0"):
+        CostModel(LLAMA8B, hw, tp=4)
+
+
 def test_local_config_dir_gives_the_same_spec(llama_dir):
     assert load_config_dir(llama_dir).spec == ModelSpec.from_pretrained(llama_dir)
     assert resolve_model(llama_dir).spec.num_layers == 2

@@ -153,6 +153,10 @@ class CostModel:
             raise ValueError(f"tp={tp!r} must be a positive integer")
         if spec.num_heads % tp:
             raise ValueError(f"tp={tp} does not divide the model's {spec.num_heads} heads")
+        if tp > 1 and not hw.interconnect_bandwidth > 0:
+            raise ValueError(f"tp={tp} all-reduces over the interconnect, and hardware "
+                             f"{hw.name!r} has interconnect_bandwidth="
+                             f"{hw.interconnect_bandwidth!r}; give it a positive one")
         self.spec, self.hw, self.tp, self.dtype_bytes = spec, hw, tp, dtype_bytes
         h, d, b = spec.hidden_size, spec.head_dim, dtype_bytes
         inter = spec.intermediate_size

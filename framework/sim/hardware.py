@@ -10,6 +10,7 @@ GPU presets use datasheet figures (dense bf16) and the defaults below (see
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, fields, replace
@@ -19,6 +20,8 @@ from typing import Any
 
 GB = 1e9
 TB = 1e12
+#: the profile's fields that are not numbers
+_TEXT_FIELDS = ("name", "dtype", "device")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +96,15 @@ class HardwareProfile:
     decode_pad_waste: float | None = None
 
     def __post_init__(self) -> None:
-        for key in ("matmul_flops", "mem_bandwidth", "memory_capacity"):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in _TEXT_FIELDS or (f.name == "decode_pad_waste" and v is None):
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ValueError(f"hardware {f.name}={v!r} must be a number")
+            if math.isnan(v) or (math.isinf(v) and f.name != "gemm_ridge_sharpness"):
+                raise ValueError(f"hardware {f.name}={v!r} must be a finite number")
+        for key in ("matmul_flops", "mem_bandwidth", "memory_capacity", "host_bandwidth"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"hardware {key}={getattr(self, key)!r} must be positive")
         for key in ("linear_efficiency", "attention_efficiency", "memory_efficiency",
@@ -102,6 +113,13 @@ class HardwareProfile:
             v = getattr(self, key)
             if not v > 0:
                 raise ValueError(f"hardware {key}={v!r} must be positive (a fraction of peak)")
+        for key in ("interconnect_bandwidth", "step_overhead", "seq_overhead",
+                    "prefill_overhead", "allreduce_latency", "kernel_time", "launch_overhead",
+                    "graph_launch_overhead", "decode_pad_waste"):
+            v = getattr(self, key)
+            if v is not None and not v >= 0:
+                raise ValueError(f"hardware {key}={v!r} must be >= 0 (seconds, bytes/s or a "
+                                 "fraction: a negative one would make time run backwards)")
         if not (isinstance(self.gemm_tile_m, int) and self.gemm_tile_m >= 1):
             raise ValueError(f"hardware gemm_tile_m={self.gemm_tile_m!r} must be an integer >= 1")
         if self.device not in ("cuda", "cpu"):
