@@ -19,7 +19,7 @@ from schedlab.engine_plugins import resolve_plugins
 from schedlab.engine_setup import num_kv_blocks, num_swap_blocks, scheduler_limits
 from schedlab.executor import Executor, ExecutorOutput
 from schedlab.faults import PluginFault, PluginSlot, blame, check_accounted, named
-from schedlab.intake import read_prompt, why_invalid
+from schedlab.intake import read_prompt, why_bad_metadata, why_invalid
 from schedlab.kv_manager import KVCacheManager
 from schedlab.plan import PlanTotals
 from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
@@ -148,7 +148,14 @@ class Engine:
 
         Returns:
             The request (queued, or rejected with `reject_reason` set).
+
+        Raises:
+            ValueError: `request_id` is in use, or a metadata value is not of its kind (one
+                sentence naming it: `schedlab.intake.why_bad_metadata`).
         """
+        bad = why_bad_metadata(priority, expected_output_len, client_id, deadline_ms, slo_class)
+        if bad is not None:
+            raise ValueError(f"add_request: {bad}")
         sp = sampling_params or SamplingParams()
         rid = request_id if request_id is not None else str(next(self._ids))
         if rid in self.requests:

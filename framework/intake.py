@@ -10,6 +10,35 @@ from typing import Any, NamedTuple
 from schedlab.kv_allocator import KVAllocator
 from schedlab.request import Request
 
+#: the largest |priority| a request may carry: an integer a float holds exactly, as a priority
+#: queue's aging adds seconds to it as a float
+MAX_PRIORITY = 2**53
+
+
+def why_bad_metadata(priority: object = 0, expected_output_len: object = None,
+                     client_id: object = None, deadline_ms: object = None,
+                     slo_class: object = None) -> str | None:
+    """Why a request's metadata is not what the policies and metrics read (None: it is), as
+    the server refuses it with a 400 and a trace file names its line: `priority` an integer
+    within +-2**53, `expected_output_len` an integer >= 0, `deadline_ms` a finite number > 0,
+    `client_id` and `slo_class` strings (each but `priority` may be None). No state change."""
+    if isinstance(priority, bool) or not isinstance(priority, numbers.Integral) or not (
+            -MAX_PRIORITY <= int(priority) <= MAX_PRIORITY):
+        return f"priority={priority!r} must be an integer within +-2**53"
+    if expected_output_len is not None and (
+            isinstance(expected_output_len, bool)
+            or not isinstance(expected_output_len, numbers.Integral)
+            or int(expected_output_len) < 0):
+        return f"expected_output_len={expected_output_len!r} must be an integer >= 0 or None"
+    if deadline_ms is not None and (
+            isinstance(deadline_ms, bool) or not isinstance(deadline_ms, numbers.Real)
+            or not 0 < float(deadline_ms) < float("inf")):
+        return f"deadline_ms={deadline_ms!r} must be a finite number of milliseconds > 0 or None"
+    for name, value in (("client_id", client_id), ("slo_class", slo_class)):
+        if value is not None and not isinstance(value, str):
+            return f"{name}={value!r} must be a str or None"
+    return None
+
 
 def is_token_id(t: object) -> bool:
     """Whether `t` is an integer (numpy and torch integers too), and not a bool."""

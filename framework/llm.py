@@ -10,6 +10,7 @@ from typing import Any
 
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
+from schedlab.intake import why_bad_metadata
 from schedlab.request import CompletionOutput, Request, RequestOutput, SamplingParams
 from schedlab.runs.distributions import WorkloadRequest
 from schedlab.tokenizer import load_tokenizer
@@ -84,6 +85,9 @@ class LLM:
             meta = {key: values[k] for key, values in metadata.items() if values is not None}
             if meta.get("priority") is None:
                 meta.pop("priority", None)
+            bad = why_bad_metadata(**meta)
+            if bad is not None:  # NOTE: before anything runs, as the server's 400
+                raise ValueError(f"prompt {k}: {bad}")
             batch.workload.append(WorkloadRequest(ids, sp.max_tokens, **meta))
             batch.texts.append(text)
             batch.request_ids.append(str(next(self._ids)))

@@ -382,6 +382,13 @@ ONE_SENTENCE = {  # overrides -> the start of the one line the command prints
     "workload.input_len.dist=uniform +workload.input_len.alpha=2":
         "workload.input_len.alpha is not read by a dist=uniform length spec; accepted: dist, min, "
         "max, mean, range_ratio",
+    # a choice of a group that holds no plugins (Hydra's search-path dump and exit 1 before)
+    "hardware=h900": "hardware='h900' is not a hardware config; configs: a100, calibrated, cpu, "
+                     "h100, h200",
+    "experiment=foo": "experiment='foo' is not an experiment config; configs: chunked_prefill,",
+    "-m workload=synthetic,foo": "workload='foo' is not a workload config; configs: azure,",
+    "executor=foo": "executor='foo' is not an executor config; configs: sim, torch; installed "
+                    "executor plugins:",
     # sizes that would hang building them or run for ever (a run, or a numpy warning, before)
     "cluster=replicas cluster.num_instances=1000000000":
         "cluster.num_instances=1000000000: a cluster has at most 10,000 instances",

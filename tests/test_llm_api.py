@@ -107,3 +107,34 @@ def test_stream_takes_generates_request_metadata(queue, meta):
     assert order == [1, 3, 2, 0]
     for k, o in enumerate(streamed.values()):
         assert o.outputs[0].token_ids == generated[order[k]].outputs[0].token_ids
+
+
+@pytest.mark.parametrize(("meta", "says"), [
+    ({"deadline_ms": [-5, None]}, "prompt 0: deadline_ms=-5 must be a finite number of "
+                                  "milliseconds > 0 or None"),
+    ({"deadline_ms": [None, float("nan")]}, "prompt 1: deadline_ms=nan must be"),
+    ({"deadline_ms": ["soon", None]}, "prompt 0: deadline_ms='soon' must be"),
+    ({"expected_output_len": [-3, 2]}, "prompt 0: expected_output_len=-3 must be an integer "
+                                       ">= 0 or None"),
+    ({"priority": [1.5, 0]}, "prompt 0: priority=1.5 must be an integer within"),
+    ({"priority": ["high", 0]}, "prompt 0: priority='high' must be an integer within"),
+    ({"client_id": [1, None]}, "prompt 0: client_id=1 must be a str or None"),
+    ({"slo_class": [None, 3]}, "prompt 1: slo_class=3 must be a str or None"),
+])
+def test_metadata_the_server_refuses_is_refused_by_generate_before_anything_runs(meta, says):
+    """What `serve` answers with a 400 and a trace file names by line: `generate` and
+    `stream` raise one sentence naming the prompt and the value, and nothing runs (before, a
+    negative deadline ran, and a str priority failed as the built-in queue's TypeError)."""
+    llm = LLM("llama3_8b", executor="sim", executor_options={"hardware": "h100"},
+              queue="priority" if "priority" in meta else "edf")
+    prompts = [[5, 6, 7], [8, 9]]
+    with pytest.raises(ValueError, match=says.replace("(", r"\(").replace("+", r"\+")):
+        llm.generate(prompts, SamplingParams(max_tokens=2), **meta)
+    with pytest.raises(ValueError, match="must be"):
+        list(llm.stream(prompts, SamplingParams(max_tokens=2), **meta))
+    assert not llm.engine.requests
+    with pytest.raises(ValueError, match=r"add_request: priority=True must be an integer"):
+        llm.engine.add_request([5, 6], priority=True)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=2), priority=[2, 0],
+                        deadline_ms=[50.0, None], client_id=["a", None])
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2, 2]

@@ -85,15 +85,26 @@ def rewrite_dotted(overrides: Sequence[str]) -> list[str]:
     return out
 
 
+def _a(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
+
+
 def check_group_choices(overrides: Sequence[str]) -> str | None:
-    """A message for the first plugin-group choice with no config, or None when all are known."""
+    """A message for the first config-group choice with no config (a plugin group's, with the
+    installed plugins; `hardware=`, `model=`, `workload=`, `experiment=`, ...), or None when
+    all are known."""
     parsed = _parse(overrides)
     if parsed is None:
         return None
     kinds = registry.all_groups()
     for o in parsed:
         kind = o.key_or_group
-        if kind not in kinds or o.package is not None or o.is_delete():
+        if o.package is not None or o.is_delete():
+            continue
+        if kind not in kinds:
+            msg = _other_group_choice(o)
+            if msg is not None:
+                return msg
             continue
         if o.is_sweep_override():
             try:
@@ -107,13 +118,34 @@ def check_group_choices(overrides: Sequence[str]) -> str | None:
             if value in options or value == "null":
                 continue
             plugins = installed(kind)
-            msg = (f"{kind}={value!r} is not a {kind} config; configs: {', '.join(options)}; "
+            msg = (f"{kind}={value!r} is not {_a(kind)} config; configs: {', '.join(options)}; "
                    f"installed {kind} plugins: {', '.join(plugins) or 'none'}; or a class as "
                    f"{kind}=module:Class")
             if value in plugins:
                 msg += (f". The plugin {value!r} is installed but ships no YAML for the "
                         f"{kind} group: run it as {kind}.name={value}")
             return msg
+    return None
+
+
+def _other_group_choice(o: Any) -> str | None:
+    """`_group_choices`'s message for a group that holds no plugins (`hardware`, `model`,
+    `workload`, `cluster`, `logger`, `experiment`, ...): the value and the group's configs."""
+    group = o.key_or_group
+    if "." in group or group.startswith("hydra"):
+        return None  # a key, not a group; Hydra's own groups speak for themselves
+    options = group_options(group)
+    if not options:
+        return None
+    try:
+        values = (list(o.sweep_string_iterator()) if o.is_sweep_override()
+                  else [o.get_value_element_as_str()])
+    except Exception:  # noqa: BLE001 - ranges, globs: leave them to Hydra
+        return None
+    for value in values:
+        if value not in options and value != "null":
+            return (f"{group}={value!r} is not {_a(group)} config; configs: "
+                    f"{', '.join(options)}")
     return None
 
 

@@ -34,9 +34,6 @@ SECONDS_DIST_KEYS: dict[str, tuple[str, ...]] = {
 #: the keys of a length spec and of a duration spec, whatever its `dist`
 LENGTH_KEYS = tuple(dict.fromkeys(k for ks in LENGTH_DIST_KEYS.values() for k in ks))
 SECONDS_KEYS = tuple(dict.fromkeys(k for ks in SECONDS_DIST_KEYS.values() for k in ks))
-#: the largest |priority| a request may carry (a workload's or a trace row's): an integer a
-#: float holds exactly, as a priority queue's aging adds seconds to it as a float
-MAX_PRIORITY = 2**53
 #: the longest a workload may span (s), its latest arrival after its earliest (a trace's after
 #: `time_scale`): about 32 years; beyond it a timestamp is corrupt (or in the wrong unit), or
 #: a synthetic rate far too low

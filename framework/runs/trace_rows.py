@@ -9,9 +9,9 @@ import zlib
 from pathlib import Path
 from typing import NamedTuple
 
+from schedlab.intake import MAX_PRIORITY
 from schedlab.runs.distributions import (
     FIRST_TOKEN_ID,
-    MAX_PRIORITY,
     WorkloadError,
 )
 

@@ -40,11 +40,11 @@ from typing import Any
 
 import numpy as np
 
+from schedlab.intake import MAX_PRIORITY
 from schedlab.runs.distributions import (
     ARRIVAL_KEYS,
     FIRST_TOKEN_ID,
     LENGTH_KEYS,
-    MAX_PRIORITY,
     SECONDS_DIST_KEYS,
     SECONDS_KEYS,
     WorkloadError,
