@@ -276,3 +276,33 @@ def test_a_host_clock_on_the_simulator_is_refused_with_a_sentence():
     eng.add_request([5, 6, 7])
     eng.run_until_done()
     assert eng.clock.now() > 0
+
+
+def test_the_cpu_preset_is_measured_once_per_machine_and_imports_no_torch_after(tmp_path):
+    """`hardware=cpu` (and no hardware) keeps this machine's probe in the cache directory:
+    two runs simulate the same system (each measured its own before: the README promises
+    repeatable simulated runs), and a later process takes it without importing torch."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from schedlab.sim.hardware import CPU_PROBE_FILE
+
+    env = dict(os.environ, SCHEDLAB_CACHE=str(tmp_path))
+    code = ("import json, sys; from schedlab.sim.hardware import resolve_hardware; "
+            "p = resolve_hardware(None); "
+            "print(json.dumps([p.matmul_flops, p.mem_bandwidth, 'torch' in sys.modules]))")
+
+    def probe() -> list:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout
+        return json.loads(out)
+
+    first = probe()
+    kept = json.loads((tmp_path / CPU_PROBE_FILE).read_text())
+    assert kept["profile"]["matmul_flops"] == first[0] and first[2] is True  # measured
+    assert probe() == [first[0], first[1], False]  # kept: the same, no torch
+    kept["machine"] = "another machine"
+    (tmp_path / CPU_PROBE_FILE).write_text(json.dumps(kept))
+    assert probe()[2] is True  # measured again

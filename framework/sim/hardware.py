@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cache
@@ -175,9 +176,12 @@ UNFITTED_SHAPE_TERMS: dict[str, Any] = dict(
 
 @cache
 def probe_cpu(seconds: float = 1.0) -> HardwareProfile:
-    """Measure this CPU: float32 matmul FLOP/s and memcpy bandwidth (~`seconds`, cached).
+    """Measure this CPU: float32 matmul FLOP/s and memcpy bandwidth (~`seconds`; the `cpu`
+    preset keeps what it measured: `cpu_preset`).
 
-    Efficiency factors stay at 1 and overheads at 0 until `schedlab calibrate` fits them.
+    Efficiency factors stay at 1 and overheads at 0 until `schedlab calibrate` fits them: a
+    roofline of the device alone, far below what a real engine's step costs on a CPU (its
+    Python and launch overheads).
     """
     import torch
 
@@ -214,10 +218,54 @@ def _best_rate(fn, work: float, budget: float) -> float:
     return work / best
 
 
+#: the file under `schedlab.tiny.cache_dir()` that keeps this machine's `probe_cpu()`
+CPU_PROBE_FILE = "cpu-probe.json"
+
+
+def _machine() -> str:
+    """This machine as the CPU probe's cache tells machines apart: the CPU model, the cores
+    this process may use, the architecture."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f
+                          if ln.startswith("model name")), "")
+    except OSError:  # NOTE: not Linux
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model or platform.processor()} x{cores} {platform.machine()}"
+
+
+def cpu_preset() -> HardwareProfile:
+    """The `cpu` preset: this machine's `probe_cpu()`, measured once and kept in the cache
+    directory (`$SCHEDLAB_CACHE`, else ~/.cache/schedlab), so that runs on one machine are
+    repeatable and a simulated run imports no torch; measured again on another machine (or
+    where the file cannot be written: then every run measures)."""
+    from schedlab.tiny import cache_dir
+
+    path = cache_dir() / CPU_PROBE_FILE
+    machine = _machine()
+    try:
+        kept = json.loads(path.read_text())
+        if kept.get("machine") == machine:
+            return HardwareProfile.from_dict(kept["profile"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # NOTE: none kept yet, or unreadable: measure
+    profile = probe_cpu()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"machine": machine, "profile": profile.to_dict()}, indent=2))
+        tmp.replace(path)
+    except OSError:
+        pass
+    return profile
+
+
 def get_preset(name: str) -> HardwareProfile:
     key = name.lower().replace("-", "").replace("_", "")
     if key == "cpu":
-        return probe_cpu()
+        return cpu_preset()
     if key in PRESETS:
         return PRESETS[key]
     raise ValueError(f"unknown hardware preset {name!r}; presets: {', '.join(preset_names())} "
@@ -231,7 +279,7 @@ def resolve_hardware(hw: str | Path | dict[str, Any] | HardwareProfile | None) -
     it must hold every required field. None means the `cpu` preset.
     """
     if hw is None:
-        return probe_cpu()
+        return cpu_preset()
     if isinstance(hw, HardwareProfile):
         return hw
     if isinstance(hw, str | Path):
