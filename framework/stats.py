@@ -44,6 +44,7 @@ class StepStats:
     device_wait_time: float = 0.0  # waiting for the GPU to finish the forward
     sample_time: float = 0.0  # sampling and reading tokens back
     update_time: float = 0.0  # scheduler.update_from_output()
+    instance: int = 0  # the cluster instance that stepped (`Instance.index`; 0: one engine)
 
 
 #: the per-step phases of `StepStats`, in step order, as metric-name stems

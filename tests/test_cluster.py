@@ -43,6 +43,28 @@ def test_one_instance_cluster_matches_the_plain_driver():
     assert res.run.duration_s == pytest.approx(plain.duration_s)
 
 
+@pytest.mark.parametrize("save_detailed", [True, False])
+def test_each_step_record_names_the_instance_that_stepped(tmp_path, save_detailed):
+    """A cluster's steps.csv can be split by instance: each row's `instance`, under which the
+    step numbers count 1, 2, 3, ... as each engine's own (before, rows of every instance were
+    interleaved with repeated step numbers and nothing told them apart)."""
+    from schedlab.cli.steps_csv import StepsCsv, read_steps_csv
+
+    out = StepsCsv(tmp_path / "steps.csv")
+    cluster = Cluster(ClusterConfig(num_instances=3), _fake(), executor_cls=FakeExecutor)
+    run_workload(cluster, _wl(12, prompt=16, out=6, gap=0.001), steps_out=out,
+                 save_detailed=save_detailed)
+    out.close()
+    rows = list(read_steps_csv(tmp_path / "steps.csv"))
+    assert {r.instance for r in rows} == {0, 1, 2}
+    for i in range(3):
+        steps = [r.step for r in rows if r.instance == i]
+        assert steps == list(range(1, len(steps) + 1)), i
+    assert len(rows) == sum(inst.engine.num_steps for inst in cluster.instances)
+    one = run_workload(Engine(_fake(), executor_cls=FakeExecutor), _wl(4, prompt=16, out=6))
+    assert {s.instance for s in one.step_stats} == {0}
+
+
 def test_instances_run_in_parallel_on_one_clock():
     """Eight one-seat requests at t=0: four instances finish them in about a quarter of the
     virtual time one instance takes, and every instance's clock starts at 0."""

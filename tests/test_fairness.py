@@ -263,7 +263,7 @@ def test_new_queues_keep_greedy_parity(llama_dir, hf_reference, queue, options):
                               max_model_len=64, max_num_batched_tokens=64, num_kv_blocks=14,
                               block_size=4, max_num_seqs=4))
     reqs = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=10),
-                            client_id=f"c{i % 2}", priority=i % 3, deadline_ms=50.0 * i)
+                            client_id=f"c{i % 2}", priority=i % 3, deadline_ms=50.0 * (i + 1))
             for i, p in enumerate(ps)]
     eng.run_until_done(check=True)
     for p, r in zip(ps, reqs, strict=True):

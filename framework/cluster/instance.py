@@ -176,12 +176,17 @@ class Instance:
         if timed is not None:
             timed.resume()
         t0 = clock.now()
+        engine = self.engine
+        steps = engine.step_stats
+        held = len(steps)
         try:
-            served = self.engine.step()
+            served = engine.step()
         finally:
             if timed is not None:
                 timed.pause()
             self._busy_time += clock.now() - t0
+        if self.index and len(steps) > held:  # NOTE: the step's record names its instance
+            steps[-1].instance = self.index
         self.pending.served(served)
 
     def receive(self, transfer: KVTransfer) -> None:

@@ -233,7 +233,7 @@ class EngineLoop:
         engine = self.engine
         # NOTE: a plugin call past the timeout is stopped in this thread (`engine_watch`):
         # the requests in flight fail with the sentence naming it, and the server goes on
-        with engine_watch(engine, EngineLoop._run.__code__, self.plugin_timeout_s) as stopped:
+        with engine_watch(engine, self._run.__code__, self.plugin_timeout_s) as stopped:
             while not self._stop.is_set():
                 try:
                     self._turn()
