@@ -389,6 +389,11 @@ ONE_SENTENCE = {  # overrides -> the start of the one line the command prints
     "-m workload=synthetic,foo": "workload='foo' is not a workload config; configs: azure,",
     "executor=foo": "executor='foo' is not an executor config; configs: sim, torch; installed "
                     "executor plugins:",
+    # options a reader took in silence or blamed on another (a run, or the hardware, before)
+    "metrics.slo='ttft=200,ttft=100'": "metrics.slo='ttft=200,ttft=100': SLO ttft is given twice",
+    "cluster=disaggregated cluster.num_instances=3":
+        "cluster.num_instances=3 but prefill_instances + decode_instances = 2; set "
+        "cluster.num_instances=null (or 2), or set prefill_instances and decode_instances",
     # sizes that would hang building them or run for ever (a run, or a numpy warning, before)
     "cluster=replicas cluster.num_instances=1000000000":
         "cluster.num_instances=1000000000: a cluster has at most 10,000 instances",

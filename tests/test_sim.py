@@ -306,3 +306,18 @@ def test_the_cpu_preset_is_measured_once_per_machine_and_imports_no_torch_after(
     kept["machine"] = "another machine"
     (tmp_path / CPU_PROBE_FILE).write_text(json.dumps(kept))
     assert probe()[2] is True  # measured again
+
+
+def test_an_unknown_sim_option_is_named_as_an_option_not_a_hardware_field():
+    """`executor.options.foo=1` was refused as an unknown hardware field, listing only those."""
+    from schedlab.config import ConfigError, EngineConfig
+    from schedlab.engine import Engine
+
+    with pytest.raises(ConfigError, match=r"executor=sim: unknown option\(s\) \['foo'\]; "
+                                          r"accepted: hardware, tp, dtype, tokenizer, and any "
+                                          r"hardware profile field"):
+        Engine(EngineConfig(model="llama3_8b", executor="sim",
+                            executor_options={"hardware": "h100", "foo": 1}))
+    e = Engine(EngineConfig(model="llama3_8b", executor="sim",
+                            executor_options={"hardware": "h100", "step_overhead": 0.002}))
+    assert e.executor.hardware.step_overhead == 0.002

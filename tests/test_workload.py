@@ -336,12 +336,15 @@ def test_trace_row_limits_and_output_override():
      '{"prompt_tokens": 3}\n', 3, ["output_tokens"]),
     ("jsonl", "bad.jsonl", '{"prompt_tokens": [1, 99999], "output_tokens": 2}\n', 1,
      ["prompt_tokens"]),
+    ("jsonl", "bad.jsonl", '{"prompt_tokens": 3, "output_tokens": 2, "note": "kept out"}\n'
+     '{"prompt_tokens": 3, "output_tokens": 2, "priorty": 1}\n', 2,
+     ["'priorty' is not a field of a JSONL trace row (did you mean 'priority'?)"]),
     ("sharegpt", "bad.json", '[\n  {"conversations": [{"from": "human", "value": "hi"},\n'
      '    {"from": "gpt", "value": "yo"}]},\n  {"id": "no-conv"}\n]\n', 4, ["conversations"]),
     ("sharegpt", "bad.json", '[\n  {"conversations": []},\n  {"conversations": [}\n]\n', 3,
      ["invalid JSON"]),
 ], ids=["azure-count", "azure-timestamp", "azure-column", "burstgpt-fields", "jsonl-json",
-        "jsonl-output", "jsonl-ids", "sharegpt-entry", "sharegpt-json"])
+        "jsonl-output", "jsonl-ids", "jsonl-misspelt-field", "sharegpt-entry", "sharegpt-json"])
 def test_malformed_trace_names_file_and_line(tmp_path, fmt, name, text, line, words):
     p = tmp_path / name
     p.write_text(text)

@@ -71,8 +71,8 @@ class ClusterConfig:
             if p and n != p + d:
                 raise ConfigError(
                     f"cluster.num_instances={n} but prefill_instances + decode_instances = "
-                    f"{p + d}; set cluster.num_instances=null (or {p + d}), or use "
-                    "cluster=disaggregated")
+                    f"{p + d}; set cluster.num_instances=null (or {p + d}), or set "
+                    "prefill_instances and decode_instances to sum to it")
         elif not p:
             raise ConfigError("cluster.num_instances=null needs prefill_instances and "
                               "decode_instances; give cluster.num_instances=N")

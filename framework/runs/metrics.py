@@ -60,6 +60,8 @@ def parse_slo(s: str) -> dict[str, float]:
             value = math.nan
         if not value > 0:
             raise ValueError(f"SLO {key}={m.group(2)!r} must be a positive number of ms")
+        if key in out:
+            raise ValueError(f"SLO {key} is given twice in {s!r}; give each objective once")
         out[key] = value
     if not out:
         raise ValueError(f"SLO {s!r} is empty; e.g. 'ttft=200,tpot=50' (milliseconds)")

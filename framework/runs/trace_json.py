@@ -3,6 +3,7 @@ conversation a multi-turn session) and plain JSONL (one request per object)."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from collections.abc import Iterator, Mapping
@@ -145,6 +146,12 @@ def _skip_ws(text: str, pos: int) -> int:
 
 
 # ---- JSONL -----------------------------------------------------------------------------
+#: the fields `read_jsonl` reads (another is left out, but one spelt like these is refused,
+#: naming the line)
+JSONL_KEYS = ("prompt_tokens", "prompt", "output_tokens", "arrival_s", "priority", "client_id",
+              "slo_class", "deadline_ms")
+
+
 def read_jsonl(path: Path, vocab_size: int, rng: np.random.Generator) -> Iterator[TraceRow]:
     """One row per JSON object: `prompt_tokens` (a count or ids) or `prompt` (text),
     `output_tokens`, and optional `arrival_s`, `priority`, `client_id`, `slo_class`,
@@ -152,6 +159,12 @@ def read_jsonl(path: Path, vocab_size: int, rng: np.random.Generator) -> Iterato
     for line, obj in json_records(path):
         if not isinstance(obj, dict):
             raise row_error(path, line, f"expected a JSON object, got {type(obj).__name__}")
+        for k in obj:  # NOTE: a misspelt field ("priorty") would run without it
+            if k not in JSONL_KEYS and (near := difflib.get_close_matches(k, JSONL_KEYS, 1, 0.8)):
+                raise row_error(path, line, f"{k!r} is not a field of a JSONL trace row (did "
+                                            f"you mean {near[0]!r}?); fields: "
+                                            f"{', '.join(JSONL_KEYS)}; others ('id', 'note', "
+                                            "...) are kept out of the run")
         t = obj.get("arrival_s")
         arrival = None if t is None else _finite(t)
         if t is not None and (arrival is None or arrival < 0):

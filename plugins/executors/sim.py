@@ -3,6 +3,7 @@ virtual clock."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from operator import attrgetter
 from typing import Any
 
@@ -51,6 +52,12 @@ class SimExecutor(Executor):
         **overrides: Any,
     ) -> None:
         self.config = config
+        unknown = sorted(set(overrides) - {f.name for f in fields(HardwareProfile)})
+        if unknown:
+            raise ConfigError(
+                f"executor=sim: unknown option(s) {unknown}; accepted: hardware, tp, dtype, "
+                "tokenizer, and any hardware profile field (linear_efficiency, step_overhead, "
+                "...: `schedlab.sim.hardware.HardwareProfile`)")
         try:
             self.preset: ModelPreset = resolve_model(config.model)
             self.hardware = with_overrides(resolve_hardware(hardware), overrides)
