@@ -22,7 +22,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request as HTTPRequest
 
-from schedlab.serve.loop import EngineLoop, StreamEvent
+from schedlab.serve.events import StreamEvent
+from schedlab.serve.loop import EngineLoop
 from schedlab.serve.prepare import (
     ApiError,
     ModelInfo,

@@ -3,8 +3,9 @@
 The engine is not thread-safe, so a single thread owns it: HTTP handlers (on the asyncio event
 loop) hand in `GenerateRequest`s and aborts through `EngineLoop`'s inbox, and each step's new
 tokens go back to each handler's `RequestStream` (an asyncio queue fed with
-`call_soon_threadsafe`). Nothing is dropped: every submitted request gets exactly one final
-event (finished, aborted, rejected with its reason, or refused while overloaded/draining).
+`call_soon_threadsafe`; the messages are in `schedlab.serve.events`). Nothing is dropped:
+every submitted request gets exactly one final event (finished, aborted, rejected with its
+reason, or refused while overloaded/draining).
 
 On a virtual clock (`executor=sim`) the loop runs in real time (`build_engine`, a
 `schedlab.clock.PacedClock`).
@@ -18,14 +19,15 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from schedlab.clock import PacedClock, VirtualClock
 from schedlab.config import EngineConfig
 from schedlab.engine import Engine
-from schedlab.request import Request, RequestFailure, RequestStatus, SamplingParams
+from schedlab.request import Request, RequestFailure, RequestStatus
 from schedlab.runs.stall import PLUGIN_TIMEOUT_S, PluginTimeout, engine_watch
+from schedlab.serve.events import FinishedRequest, GenerateRequest, RequestStream, StreamEvent
 from schedlab.serve.text import TextStream
 from schedlab.stats import EngineCounters
 
@@ -45,102 +47,11 @@ def build_engine(config: EngineConfig) -> Engine:
 
 
 @dataclass(slots=True)
-class GenerateRequest:
-    """One request as a handler hands it to the loop.
-
-    Args:
-        request_id: unique (the handler makes one).
-        prompt_token_ids: the prompt, already tokenized.
-        sampling_params: the engine's sampling parameters.
-        stop: OpenAI `stop` strings (the text ends before the first one that appears).
-        client_id: the tenant (OpenAI's `user`), for fairness queues and per-client metrics.
-        priority: lower runs first under a priority-aware queue (vLLM's `priority`).
-        deadline_ms: latency objective after arrival, for deadline-aware queues.
-        slo_class: a named SLO tier.
-        expected_output_len: an output-length hint for length-aware queues.
-    """
-
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    stop: tuple[str, ...] = ()
-    client_id: str | None = None
-    priority: int = 0
-    deadline_ms: float | None = None
-    slo_class: str | None = None
-    expected_output_len: int | None = None
-
-
-@dataclass(slots=True)
-class StreamEvent:
-    """What a handler receives: first an acceptance (or a refusal), then text per step.
-
-    Args:
-        text: new text since the last event.
-        num_prompt_tokens: the prompt's length.
-        num_output_tokens: output tokens so far (usage's `completion_tokens`).
-        finish_reason: set on the last event: "stop", "length" or "abort".
-        error: a refusal (the request never ran), or its end: rejected by a policy once
-            queued, or failed (the message says why).
-        status: the HTTP status for `error` (400 rejected, 503 overloaded or draining, 500
-            failed).
-        token_ids: the new output token ids since the last event (vLLM's `return_token_ids`
-            answers with them; `bench serve` builds a session's next prompt from them).
-    """
-
-    text: str = ""
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
-    finish_reason: str | None = None
-    error: str | None = None
-    status: int = 200
-    token_ids: list[int] = field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None or self.error is not None
-
-
-class RequestStream:
-    """One request's events, read on the asyncio loop that submitted it."""
-
-    def __init__(self, request_id: str, aloop: asyncio.AbstractEventLoop) -> None:
-        self.request_id = request_id
-        self._aloop = aloop
-        self._queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
-
-    def put(self, event: StreamEvent) -> None:
-        """Deliver an event (from the engine thread). Dropped if the event loop has closed."""
-        try:
-            self._aloop.call_soon_threadsafe(self._queue.put_nowait, event)
-        except RuntimeError:  # the server's event loop is gone: nobody is listening
-            pass
-
-    async def get(self) -> StreamEvent:
-        return await self._queue.get()
-
-
-@dataclass(slots=True)
 class _Active:
     request: Request
     stream: RequestStream
     text: TextStream
     num_sent_tokens: int = 0
-
-
-@dataclass(slots=True)
-class FinishedRequest:
-    """A request that ended, as the metrics see it.
-
-    Args:
-        request: the engine's request (timestamps on the engine clock).
-        finish_reason: "stop", "length" or "abort" (a stop string ends as "stop").
-        num_output_tokens: the tokens the client was charged for.
-    """
-
-    request: Request
-    finish_reason: str
-    num_output_tokens: int
 
 
 class EngineLoop:

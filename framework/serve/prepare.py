@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schedlab.request import SamplingParams
-from schedlab.serve.loop import GenerateRequest
+from schedlab.serve.events import GenerateRequest
 from schedlab.serve.protocol import (
     BodyError,
     ChatCompletionRequest,

@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from schedlab.serve.loop import EngineLoop, FinishedRequest
+from schedlab.serve.events import FinishedRequest
+from schedlab.serve.loop import EngineLoop
 
 PREFIX = "schedlab:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
