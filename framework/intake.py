@@ -20,7 +20,7 @@ def why_bad_metadata(priority: object = 0, expected_output_len: object = None,
                      slo_class: object = None) -> str | None:
     """Why a request's metadata is not what the policies and metrics read (None: it is), as
     the server refuses it with a 400 and a trace file names its line: `priority` an integer
-    within +-2**53, `expected_output_len` an integer >= 0, `deadline_ms` a finite number > 0,
+    within +-2**53, `expected_output_len` an integer >= 0, `deadline_ms` a number > 0 (inf: none),
     `client_id` and `slo_class` strings (each but `priority` may be None). No state change."""
     if isinstance(priority, bool) or not isinstance(priority, numbers.Integral) or not (
             -MAX_PRIORITY <= int(priority) <= MAX_PRIORITY):
@@ -32,8 +32,8 @@ def why_bad_metadata(priority: object = 0, expected_output_len: object = None,
         return f"expected_output_len={expected_output_len!r} must be an integer >= 0 or None"
     if deadline_ms is not None and (
             isinstance(deadline_ms, bool) or not isinstance(deadline_ms, numbers.Real)
-            or not 0 < float(deadline_ms) < float("inf")):
-        return f"deadline_ms={deadline_ms!r} must be a finite number of milliseconds > 0 or None"
+            or not float(deadline_ms) > 0):  # NOTE: NaN too; inf (an SLO class's) is none
+        return f"deadline_ms={deadline_ms!r} must be a number of milliseconds > 0 or None"
     for name, value in (("client_id", client_id), ("slo_class", slo_class)):
         if value is not None and not isinstance(value, str):
             return f"{name}={value!r} must be a str or None"

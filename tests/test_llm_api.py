@@ -110,8 +110,8 @@ def test_stream_takes_generates_request_metadata(queue, meta):
 
 
 @pytest.mark.parametrize(("meta", "says"), [
-    ({"deadline_ms": [-5, None]}, "prompt 0: deadline_ms=-5 must be a finite number of "
-                                  "milliseconds > 0 or None"),
+    ({"deadline_ms": [-5, None]}, "prompt 0: deadline_ms=-5 must be a number of milliseconds "
+                                  "> 0 or None"),
     ({"deadline_ms": [None, float("nan")]}, "prompt 1: deadline_ms=nan must be"),
     ({"deadline_ms": ["soon", None]}, "prompt 0: deadline_ms='soon' must be"),
     ({"expected_output_len": [-3, 2]}, "prompt 0: expected_output_len=-3 must be an integer "
