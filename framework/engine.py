@@ -157,9 +157,14 @@ class Engine:
         if bad is not None:
             raise ValueError(f"add_request: {bad}")
         sp = sampling_params or SamplingParams()
-        rid = request_id if request_id is not None else str(next(self._ids))
-        if rid in self.requests:
-            raise ValueError(f"request_id {rid!r} is already in use")
+        if request_id is not None:
+            rid = request_id
+            if rid in self.requests:
+                raise ValueError(f"request_id {rid!r} is already in use")
+        else:  # NOTE: past ids a caller chose (an LLM's, then a run_workload on its engine)
+            rid = str(next(self._ids))
+            while rid in self.requests:
+                rid = str(next(self._ids))
         now = self.clock.now()
         spec = self.model_spec
         ids, reason = read_prompt(prompt_token_ids, spec.vocab_size)

@@ -138,3 +138,16 @@ def test_metadata_the_server_refuses_is_refused_by_generate_before_anything_runs
     outs = llm.generate(prompts, SamplingParams(max_tokens=2), priority=[2, 0],
                         deadline_ms=[50.0, None], client_id=["a", None])
     assert [len(o.outputs[0].token_ids) for o in outs] == [2, 2]
+
+
+def test_a_run_on_an_llms_engine_after_generate_numbers_its_requests_past_the_llms():
+    """`run_workload(llm.engine, ...)` after `generate` (the README's way to per-client
+    figures) failed with "request_id '0' is already in use": both counted from 0."""
+    from schedlab.runs.distributions import WorkloadRequest
+    from schedlab.runs.driver import run_workload
+
+    llm = LLM("llama3_8b", executor="sim", executor_options={"hardware": "h100"})
+    llm.generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=2))
+    run = run_workload(llm.engine, [WorkloadRequest([5, 6], 2, client_id="a")] * 3)
+    assert [r.request_id for r in run.requests] == ["2", "3", "4"]
+    assert all(r.finish_reason == "length" for r in run.requests)
