@@ -4,7 +4,7 @@ Hydra already refuses a group option that has no YAML ("Could not find 'schedule
 says the same in one line and adds what the registry knows: the installed plugins, and the
 `scheduler.name=foo` spelling for a plugin that ships no YAML of its own. Likewise an override
 of a key the composed config lacks (Hydra's "Key 'foo' is not in struct"): one line naming the
-key and what is accepted there (`schedlab.cli.settings.accepted_keys`).
+key and what is accepted there (`schedlab.cli.config_keys.accepted_keys`).
 """
 
 from __future__ import annotations
@@ -90,62 +90,37 @@ def _a(word: str) -> str:
 
 
 def check_group_choices(overrides: Sequence[str]) -> str | None:
-    """A message for the first config-group choice with no config (a plugin group's, with the
-    installed plugins; `hardware=`, `model=`, `workload=`, `experiment=`, ...), or None when
-    all are known."""
+    """A message for the first config-group choice with no config (`hardware=`, `model=`,
+    `workload=`, `experiment=`, ...; a plugin group's with the installed plugins), or None
+    when all are known."""
     parsed = _parse(overrides)
     if parsed is None:
         return None
     kinds = registry.all_groups()
     for o in parsed:
-        kind = o.key_or_group
-        if o.package is not None or o.is_delete():
+        group = o.key_or_group
+        if o.package is not None or o.is_delete() or "." in group or group.startswith("hydra"):
+            continue  # a key, not a group; Hydra's own groups speak for themselves
+        options = group_options(group)
+        if not options and group not in kinds:
             continue
-        if kind not in kinds:
-            msg = _other_group_choice(o)
-            if msg is not None:
-                return msg
+        try:
+            values = (list(o.sweep_string_iterator()) if o.is_sweep_override()
+                      else [o.get_value_element_as_str()])
+        except Exception:  # noqa: BLE001 - ranges, globs: leave them to Hydra
             continue
-        if o.is_sweep_override():
-            try:
-                values = list(o.sweep_string_iterator())
-            except Exception:  # noqa: BLE001 - ranges, globs: leave them to Hydra
-                continue
-        else:
-            values = [o.get_value_element_as_str()]
-        options = group_options(kind)
-        for value in values:
-            if value in options or value == "null":
-                continue
-            plugins = installed(kind)
-            msg = (f"{kind}={value!r} is not {_a(kind)} config; configs: {', '.join(options)}; "
-                   f"installed {kind} plugins: {', '.join(plugins) or 'none'}; or a class as "
-                   f"{kind}=module:Class")
+        value = next((v for v in values if v not in options and v != "null"), None)
+        if value is None:
+            continue
+        msg = f"{group}={value!r} is not {_a(group)} config; configs: {', '.join(options)}"
+        if group in kinds:
+            plugins = installed(group)
+            msg += (f"; installed {group} plugins: {', '.join(plugins) or 'none'}; or a class "
+                    f"as {group}=module:Class")
             if value in plugins:
                 msg += (f". The plugin {value!r} is installed but ships no YAML for the "
-                        f"{kind} group: run it as {kind}.name={value}")
-            return msg
-    return None
-
-
-def _other_group_choice(o: Any) -> str | None:
-    """`_group_choices`'s message for a group that holds no plugins (`hardware`, `model`,
-    `workload`, `cluster`, `logger`, `experiment`, ...): the value and the group's configs."""
-    group = o.key_or_group
-    if "." in group or group.startswith("hydra"):
-        return None  # a key, not a group; Hydra's own groups speak for themselves
-    options = group_options(group)
-    if not options:
-        return None
-    try:
-        values = (list(o.sweep_string_iterator()) if o.is_sweep_override()
-                  else [o.get_value_element_as_str()])
-    except Exception:  # noqa: BLE001 - ranges, globs: leave them to Hydra
-        return None
-    for value in values:
-        if value not in options and value != "null":
-            return (f"{group}={value!r} is not {_a(group)} config; configs: "
-                    f"{', '.join(options)}")
+                        f"{group} group: run it as {group}.name={value}")
+        return msg
     return None
 
 
@@ -215,7 +190,7 @@ def _missing_key(cfg: Any, o: Any) -> str | None:
     (or Hydra decides: below a list, a value or a null, which Hydra fills in)."""
     from omegaconf import DictConfig, OmegaConf
 
-    from schedlab.cli.settings import accepted_keys
+    from schedlab.cli.config_keys import accepted_keys
 
     parts = o.key_or_group.split(".")
     node, depth = cfg, 0

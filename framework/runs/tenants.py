@@ -67,6 +67,15 @@ class SLOClass:
     priority: int | None = None
 
 
+def _priority(entry: Mapping[str, Any], key: str) -> int | None:
+    """A client's or SLO class's `priority`: None, or an integer within +-2**53."""
+    prio = entry.get("priority")
+    if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)
+                             or abs(prio) > MAX_PRIORITY):
+        raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer within +-2**53")
+    return prio
+
+
 def parse_clients(value: Any) -> list[ClientSpec]:
     """`workload.clients` as `ClientSpec`s ([] for null).
 
@@ -98,11 +107,7 @@ def parse_clients(value: Any) -> list[ClientSpec]:
         if len(out) + count > MAX_CLIENTS:
             raise WorkloadError(f"workload.{key}.count={count!r} makes more than {MAX_CLIENTS:,} "
                                 "clients in all; a workload has at most that many")
-        prio = c.get("priority")
-        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)
-                                 or abs(prio) > MAX_PRIORITY):
-            raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer within "
-                                "+-2**53")
+        prio = _priority(c, key)
         ids = [str(c["id"])] if count == 1 else [f"{c['id']}{j}" for j in range(count)]
         for cid in ids:
             out.append(ClientSpec(cid, share, rate, prio, c.get("slo_class"),
@@ -137,11 +142,7 @@ def parse_slo_classes(value: Any) -> list[SLOClass]:
             raise WorkloadError(f"workload.{key}={c!r} must be a mapping with a 'name'")
         deadline = (None if c.get("deadline_ms") is None
                     else get_pos(c, "deadline_ms", key, allow_inf=True))
-        prio = c.get("priority")
-        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, int)
-                                 or abs(prio) > MAX_PRIORITY):
-            raise WorkloadError(f"workload.{key}.priority={prio!r} must be an integer within "
-                                "+-2**53")
+        prio = _priority(c, key)
         out.append(SLOClass(str(c["name"]), deadline, get_pos(c, "weight", key, 1.0), prio))
     if len({c.name for c in out}) != len(out):
         raise WorkloadError("workload.slo_classes: class names must be unique")
