@@ -245,7 +245,7 @@ def test_switching_dist_drops_what_the_config_gave_the_other_dist(overrides, wan
 def test_the_keys_checked_are_those_the_root_config_sets():
     """`accepted_keys` and conf/config.yaml agree: every section key the root config sets is
     accepted, and every accepted one is set there (one default per knob)."""
-    from schedlab.cli.settings import ENGINE_KEYS, SECTION_KEYS, accepted_keys
+    from schedlab.cli.config_keys import ENGINE_KEYS, SECTION_KEYS, accepted_keys
 
     root = OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml"))
     for section in ("engine", "sampling", "driver", "metrics"):

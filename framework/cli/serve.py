@@ -14,7 +14,8 @@ import hydra
 from omegaconf import DictConfig
 
 from schedlab.cli.app import CONFIG_PACKAGE, FAILURES, seed_everything, user_errors
-from schedlab.cli.settings import PLUGIN_GROUPS, RunSettings, build_settings
+from schedlab.cli.config_keys import PLUGIN_GROUPS
+from schedlab.cli.settings import RunSettings, build_settings
 from schedlab.config import ConfigError
 
 SERVE_USAGE = """\
