@@ -304,6 +304,46 @@ def test_overlapping_runs_leave_the_collector_as_it_was():
         gc.set_threshold(*old)
 
 
+def test_a_run_freezes_what_collections_leave_alive_and_thaws_it_after():
+    """Inside a run's collector block what a collection found alive is frozen (no later
+    collection walks it again); a cycle that dies young is still collected; after the block
+    nothing of the run's is frozen and the collector is as it was; objects a caller froze
+    before stay frozen, and nothing more is."""
+    import gc
+    import weakref
+
+    from schedlab.runs.driver import fewer_collections
+
+    class Node:
+        pass
+
+    assert gc.get_freeze_count() == 0
+    callbacks = list(gc.callbacks)
+    with fewer_collections():
+        kept = [Node() for _ in range(1000)]
+        gc.collect()
+        assert gc.get_freeze_count() >= len(kept)  # frozen: not walked again
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle, dead at once
+        dead = weakref.ref(a)
+        del a, b
+        gc.collect()
+        assert dead() is None  # young cycles are collected as before
+    assert gc.get_freeze_count() == 0 and gc.callbacks == callbacks
+    del kept
+
+    gc.freeze()  # a caller's own (e.g. before forking workers)
+    try:
+        frozen = gc.get_freeze_count()
+        with fewer_collections():
+            more = [Node() for _ in range(1000)]
+            gc.collect()
+            assert gc.get_freeze_count() == frozen  # nothing more
+        assert gc.get_freeze_count() == frozen and more
+    finally:
+        gc.unfreeze()
+
+
 def test_sampling_params_with_max_tokens_equal_the_constructors_own():
     """`with_max_tokens` (a workload's per-request params, copied from the first request's)
     gives what the constructor gives, lists and dicts of its own, and its errors."""

@@ -84,6 +84,37 @@ def test_a_streaming_run_hands_on_the_detailed_runs_steps_in_its_order(layout, d
                     for s in full_target.result_with_summary(full).instances])
 
 
+@pytest.mark.parametrize("drain", [1, 7, 4096])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_detailed_run_hands_on_its_steps_as_it_goes_in_its_order(layout, drain,
+                                                                    monkeypatch):
+    """steps.csv's rows of a detailed run go to its writer while the run goes (every
+    `DRAIN_STEPS` steps, the rest at the end), each once, in the order of the run's own
+    `step_stats`, which the run keeps whole; a second run on the same target hands on only
+    its own steps."""
+    monkeypatch.setattr(record, "DRAIN_STEPS", drain)
+    handed: list[StepStats] = []
+    calls: list[int] = []
+
+    def out(steps):
+        calls.append(len(steps))
+        handed.extend(steps)
+
+    target, run = _run(LAYOUTS[layout], True, steps_out=out)
+    assert len(run.step_stats) > 100
+    assert len(handed) == len(run.step_stats)
+    assert all(a is b for a, b in zip(handed, run.step_stats, strict=True))
+    if drain < 100:
+        assert len(calls) > 10  # as the run went, not all at the end
+    wl = build_workload({"type": "synthetic", "num_requests": 20, "input_len": 32,
+                         "output_len": 8, "arrival": {"process": "poisson", "rate": 60.0}},
+                        128_256, seed=4)
+    handed.clear()
+    again = run_workload(target, wl, save_detailed=True, steps_out=out)
+    assert all(a is b for a, b in zip(handed, again.step_stats, strict=True))
+    assert len(handed) == len(again.step_stats) > 0
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_streaming_run_keeps_no_step_records(layout, monkeypatch):
     """Memory stays flat however long the run: a streaming run holds a bounded number of

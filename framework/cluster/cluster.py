@@ -13,7 +13,7 @@ from schedlab import registry
 from schedlab.clock import InstanceClock, VirtualClock
 from schedlab.cluster.config import ClusterConfig
 from schedlab.cluster.instance import Instance, Role
-from schedlab.cluster.record import ClusterRunResult, RunRecord, StepsOut
+from schedlab.cluster.record import ClusterRunResult, RunRecord, StepsOut, StepTap
 from schedlab.cluster.router import Router
 from schedlab.cluster.routing import Loads, build_router, choose, reindex, tell
 from schedlab.cluster.transfer import KVTransfer
@@ -158,6 +158,19 @@ class Cluster:
         assert self._record.steps is not None, "stream_steps() is for a streaming run"
         self._record.steps.out = out
 
+    def tap_steps(self, out: StepsOut) -> None:
+        """A detailed run: hand its step records to `out` as the run goes as well, a list at
+        a time in the run's step order, the engines keeping them (`steps_handed` counts them).
+        Changes state."""
+        assert self._record.steps is None, "tap_steps() is for a detailed run"
+        self._record.tap = StepTap(self.instances, self._record.first_step, out)
+
+    def steps_handed(self) -> int:
+        """The step records `tap_steps`' `out` has taken this run (the first of the run's
+        `step_stats`). No state change."""
+        tap = self._record.tap
+        return 0 if tap is None else tap.handed
+
     def retire(self, k: int, inst: Instance, req: Request) -> None:
         """Streaming: workload request `k` ended for good on `inst`; keep its stats, and
         nothing of it here or in the engine. Changes state."""
@@ -214,8 +227,9 @@ class Cluster:
     def step(self, inst: Instance, check: bool = False) -> bool:
         """Step one instance. Returns whether it ran a step. Changes state."""
         inst.step()
-        steps = self._record.steps
-        if steps is not None:  # streaming: the records taken as the run goes
+        rec = self._record
+        steps = rec.steps if rec.steps is not None else rec.tap
+        if steps is not None:  # the records taken (streaming) or handed on as the run goes
             steps.stepped()
         if check:
             self.check_integrity()

@@ -64,6 +64,8 @@ class RunRecord:
     #: streaming: the steps, taken from the engines as the run goes (None: the engines
     #: keep them)
     steps: StepStream | None = None
+    #: a detailed run's steps handed on as the run goes, the engines keeping them (None: none)
+    tap: StepTap | None = None
 
     @classmethod
     def begin(cls, instances: Sequence[Instance], stream: int | None = None) -> RunRecord:
@@ -174,6 +176,63 @@ class _Series:
             cluster_running.append(total_running)
         self.total_used, self.total_running = total_used, total_running
         return [s for _, _, s in tagged], cluster_used, cluster_running
+
+
+class StepTap:
+    """A detailed run's steps handed to `out` as the run goes, every `DRAIN_STEPS` steps, in
+    the run's step order (`RunRecord.result`'s), while the engines keep them all: steps.csv's
+    writer process formats the rows on another core as the run goes, instead of after it.
+    `handed` counts the steps handed on: the first `handed` of the run's `step_stats`.
+
+    NOTE: a step is handed on once no instance can still precede it, as `StepStream` does
+    (by time, ties by the lower instance; an idle instance's clock holds the others' back).
+
+    Args:
+        instances: the cluster's.
+        first: the records each engine held before the run (not the run's).
+        out: what the steps go to, a list at a time.
+    """
+
+    def __init__(self, instances: Sequence[Instance], first: Sequence[int],
+                 out: StepsOut) -> None:
+        self.instances = instances
+        self.out = out
+        self.handed = 0
+        self._next = list(first)  # each engine's first record not taken yet
+        self._held: list[list[StepStats]] = [[] for _ in instances]
+        self._steps = 0  # since the last take
+
+    def stepped(self) -> None:
+        """An instance ran a step: hand on what is ready every `DRAIN_STEPS`. Changes state."""
+        self._steps += 1
+        if self._steps >= DRAIN_STEPS:
+            with sigint_deferred():  # NOTE: `handed` counts what `out` took, whole
+                self._take()
+
+    def _take(self) -> None:
+        self._steps = 0
+        held, nxt = self._held, self._next
+        for n, inst in enumerate(self.instances):
+            records = inst.engine.step_stats
+            if len(records) > nxt[n]:
+                held[n].extend(records[nxt[n]:])
+                nxt[n] = len(records)
+        if len(held) == 1:
+            ready, held[0] = held[0], []
+        else:
+            bound, j = min((inst.now(), n) for n, inst in enumerate(self.instances))
+            per = []
+            for n, steps in enumerate(held):
+                # (t, n) < (bound, j): t <= bound below instance j, t < bound from it on
+                cut = (bisect_right if n < j else bisect_left)(steps, bound, key=_STEP_TIME)
+                per.append(steps[:cut])
+                del steps[:cut]
+            tagged = [(s.time, s) for steps in per for s in steps]
+            tagged.sort(key=_TIME)  # stable: ties keep the lower instance first
+            ready = [s for _, s in tagged]
+        if ready:
+            self.out(ready)
+            self.handed += len(ready)
 
 
 def drain_records(inst: Any, skip: list[int], n: int) -> list[StepStats]:
