@@ -17,11 +17,10 @@ from schedlab.config import EngineConfig
 from schedlab.contracts import check_kv_ownership, check_plan
 from schedlab.engine_plugins import resolve_plugins
 from schedlab.engine_setup import num_kv_blocks, num_swap_blocks, scheduler_limits
-from schedlab.executor import Executor, ExecutorOutput
+from schedlab.executor import Executor
 from schedlab.faults import PluginFault, PluginSlot, blame, check_accounted, named
 from schedlab.intake import read_prompt, why_bad_metadata, why_invalid
 from schedlab.kv_manager import KVCacheManager
-from schedlab.plan import PlanTotals
 from schedlab.request import MigratedRequest, Request, RequestStatus, SamplingParams
 from schedlab.scheduler import Scheduler, SchedulerOutput
 from schedlab.stats import EngineCounters, StepStats, engine_counters, step_stats
@@ -49,6 +48,9 @@ class Engine:
         self.scheduler_name = plugins.scheduler.label
         self.executor: Executor = registry.build(plugins.executor, cfg)
         self.model_spec = self.executor.model_spec
+        #: the model spec whose EOS ids `_eos` holds (every request shares the one frozenset)
+        self._eos_of: object = None
+        self._eos: frozenset[int] = frozenset()
         #: the limits the scheduler plans under (`self.scheduler.config`): stored here only
         self.limits = limits = scheduler_limits(cfg, plugins.scheduler.cls, self.model_spec,
                                                 self.scheduler_name)
@@ -167,6 +169,8 @@ class Engine:
                 rid = str(next(self._ids))
         now = self.clock.now()
         spec = self.model_spec
+        if spec is not self._eos_of:  # NOTE: one frozenset shared by its requests
+            self._eos_of, self._eos = spec, frozenset(spec.eos_token_ids)
         ids, reason = read_prompt(prompt_token_ids, spec.vocab_size)
         req = Request(
             request_id=rid,
@@ -178,7 +182,7 @@ class Engine:
             client_id=client_id,
             deadline_ms=deadline_ms,
             slo_class=slo_class,
-            eos_token_ids=frozenset(spec.eos_token_ids),
+            eos_token_ids=self._eos,
         )
         self.requests[rid] = req
         if reason is None:
@@ -330,8 +334,12 @@ class Engine:
         for r in finished:
             live.pop(r.request_id, None)
         t_update = time.perf_counter() - t1
-        self._record(plan, totals, result, now, t_sched, t_update)
-        self._check_accounted()
+        # NOTE: `_record` and `_check_accounted` inline (every step)
+        self.step_stats.append(step_stats(step, plan, totals, result, now, t_sched, t_update,
+                                          sched, self.kv))
+        self._num_steps = step
+        if len(sched.running) + len(sched.waiting) != len(live):
+            self._check_accounted()
         if None not in sampled:  # NOTE: the common step: every request got a token
             return plan.requests()
         return [r for r, tok in zip(plan.requests(), sampled, strict=True) if tok is not None]
@@ -363,12 +371,6 @@ class Engine:
             self._raise(e, "reject_stalled", self._num_steps + 1)
         if req is not None:
             self._live.pop(req.request_id, None)
-
-    def _record(self, plan: SchedulerOutput, totals: PlanTotals, result: ExecutorOutput,
-                now: float, t_sched: float, t_update: float) -> None:
-        self.step_stats.append(step_stats(self._num_steps + 1, plan, totals, result, now,
-                                          t_sched, t_update, self.scheduler, self.kv))
-        self._num_steps += 1
 
     def counters(self) -> EngineCounters:
         """Cumulative counters and the current load, for drivers, servers and reports. No

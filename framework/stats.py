@@ -178,7 +178,7 @@ def step_stats(step: int, plan: SchedulerOutput, totals: PlanTotals, result: Exe
         totals: the plan's aggregates (`SchedulerOutput.totals`, from `check_plan`).
         t_sched: seconds spent planning the step; t_update: applying its output.
     """
-    u = kv.usage()
+    u = kv.allocator.usage()  # NOTE: `kv.usage()`, one call less
     num_prefill, num_decode = totals.num_prefill_tokens, totals.num_decode_tokens
     # NOTE: positional, in the field order (once per step; keywords cost twice as much)
     st = StepStats(step, now, result.step_time, len(scheduler.running), len(scheduler.waiting),

@@ -67,6 +67,9 @@ class Instance:
         #: decode side: transfers whose KV arrived, waiting for a seat and blocks in the order
         #: of the engine's queue policy
         self.pending = ArrivedTransfers(engine)
+        #: the waiting transfers (`pending.by_request`: a dict's length, not a method call,
+        #: on every step)
+        self._arrived = self.pending.by_request
         self.num_routed = 0
         self.num_transfers_in = 0
         self.num_transfers_out = 0
@@ -166,7 +169,7 @@ class Instance:
         """Admit arrived KV transfers, then run one engine step (its tokens counted by the
         transfers' policy, `ArrivedTransfers.served`). Changes state."""
         self._load = None
-        if self.pending:
+        if self._arrived:
             self.admit_pending()
         clock = self.engine.clock
         if clock is not self._clock:  # NOTE: an ABC's isinstance is Python code: once a clock
@@ -187,7 +190,8 @@ class Instance:
             self._busy_time += clock.now() - t0
         if self.index and len(steps) > held:  # NOTE: the step's record names its instance
             steps[-1].instance = self.index
-        self.pending.served(served)
+        if self.pending.queue is not None:  # NOTE: transfers came here: its policy counts
+            self.pending.served(served)
 
     def receive(self, transfer: KVTransfer) -> None:
         """A transfer's KV has arrived here: queue it for a seat. Changes state."""
@@ -217,7 +221,7 @@ class Instance:
         in_flight = self.in_flight
         if self._counted:
             sched = self.engine.scheduler
-            ended = (len(in_flight) - len(self.pending) - len(sched.running)
+            ended = (len(in_flight) - len(self._arrived) - len(sched.running)
                      - len(sched.waiting))
             if ended == 0:
                 return []

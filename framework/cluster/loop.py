@@ -139,6 +139,7 @@ class RunLoop:
             elif inst is not None:
                 # NOTE: the next release moves only when something ends (a seat, a next turn)
                 t_release = self.next_release()
+                engine = inst.engine  # NOTE: `inst.is_busy()` and `inst.now()` inline below
                 while True:
                     if latch is not None and latch.hit:
                         latch.check()
@@ -155,7 +156,7 @@ class RunLoop:
                                 f"instance {inst.index} made no progress in {stalled} steps"))
                     # NOTE: a lone instance steps on while it is busy and no release is due:
                     # what the next round would choose, without the busy heap
-                    if not (alone and inst.is_busy() and inst.now() < t_release):
+                    if not (alone and engine.has_unfinished() and engine.clock.now() < t_release):
                         break
                 self._queue(inst)
             elif cluster.has_pending():  # transfers that wait for nothing: admit or reject

@@ -108,7 +108,8 @@ class ArrivedTransfers:
         #: the policy's queue of the waiting requests (None until the first transfer)
         self.queue: RequestQueue | None = None
         self._label = registry.describe(engine.config.queue)
-        self._by_request: dict[int, KVTransfer] = {}  # id(request) -> its transfer
+        #: id(request) -> its transfer, the waiting ones (read-only outside; one dict for good)
+        self.by_request: dict[int, KVTransfer] = {}
         self._on_token: Callable[[Request], None] | None = None
         self._expire: Callable[[float], list[Dropped]] | None = None
         self._outranks = False
@@ -126,14 +127,14 @@ class ArrivedTransfers:
 
     # ---- queries (no state change) -------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._by_request)
+        return len(self.by_request)
 
     def __bool__(self) -> bool:
-        return bool(self._by_request)
+        return bool(self.by_request)
 
     def __iter__(self) -> Iterator[KVTransfer]:
         """The waiting transfers in arrival order. No state change."""
-        return iter(self._by_request.values())
+        return iter(self.by_request.values())
 
     # ---- changes -------------------------------------------------------------------------
     def add(self, transfer: KVTransfer) -> None:
@@ -145,12 +146,12 @@ class ArrivedTransfers:
         """
         queue = self.queue if self.queue is not None else self._build()
         req = transfer.request
-        self._by_request[id(req)] = transfer
+        self.by_request[id(req)] = transfer
         queue.add(req)
-        if len(queue) != len(self._by_request):
+        if len(queue) != len(self.by_request):
             raise PluginContractError(
                 f"queue {self._label} add() of request {req.request_id!r} left {len(queue)} "
-                f"requests queued for {len(self._by_request)} arrived on the decode instance; "
+                f"requests queued for {len(self.by_request)} arrived on the decode instance; "
                 "add() queues a request once")
 
     def served(self, requests: Sequence[Request]) -> None:
@@ -169,7 +170,7 @@ class ArrivedTransfers:
         Raises:
             PluginContractError: the queue handed back a request that does not wait here.
         """
-        if self.queue is None or not self._by_request:
+        if self.queue is None or not self.by_request:
             return
         try:
             self._admit(now)
@@ -177,7 +178,7 @@ class ArrivedTransfers:
             raise PluginContractError(f"queue {self._label} {e.rule}") from None
 
     def _admit(self, now: float) -> None:
-        queue, engine, waiting = self.queue, self.engine, self._by_request
+        queue, engine, waiting = self.queue, self.engine, self.by_request
         assert queue is not None
         if self._expire is not None:
             for req, reason in checked_dropped(self._expire(now)):
@@ -230,22 +231,22 @@ class ArrivedTransfers:
         """Drop every waiting transfer (a run cut short). Changes state."""
         queue = self.queue
         if queue is not None:
-            for t in self._by_request.values():
+            for t in self.by_request.values():
                 queue.remove(t.request)
-        self._by_request.clear()
+        self.by_request.clear()
 
     def check_integrity(self) -> None:
         """Raise AssertionError if the policy's queue and the waiting transfers disagree."""
         queue = self.queue
         if queue is None:
-            assert not self._by_request, "transfers wait without a queue"
+            assert not self.by_request, "transfers wait without a queue"
             return
         queue.check_integrity()
-        assert len(queue) == len(self._by_request), (
-            f"the decode queue holds {len(queue)} requests for {len(self._by_request)} "
+        assert len(queue) == len(self.by_request), (
+            f"the decode queue holds {len(queue)} requests for {len(self.by_request)} "
             "arrived transfers")
         for r in queue:
-            t = self._by_request.get(id(r))
+            t = self.by_request.get(id(r))
             assert t is not None and t.request is r, f"{r.request_id} queued without its KV"
 
 
