@@ -68,7 +68,8 @@ def main() -> None:
                 t0 = time.perf_counter()
                 for _ in range(args.reps):
                     out = ex.execute(plan)
-                    step_stats(1, plan, totals, out, 0.0, 0.0, 0.0, sched, kv)
+                    step_stats(1, plan, totals, out, 0.0, 0.0, 0.0, len(sched.running),
+                               len(sched.waiting), kv)
                 times.append((time.perf_counter() - t0) / args.reps * 1e6)
             us = statistics.median(times)
             print(f"n={n:<4} {kind:<8} execute + step_stats median {us:6.2f} us")

@@ -335,10 +335,11 @@ class Engine:
             live.pop(r.request_id, None)
         t_update = time.perf_counter() - t1
         # NOTE: `_record` and `_check_accounted` inline (every step)
+        num_running, num_waiting = len(sched.running), len(sched.waiting)
         self.step_stats.append(step_stats(step, plan, totals, result, now, t_sched, t_update,
-                                          sched, self.kv))
+                                          num_running, num_waiting, self.kv))
         self._num_steps = step
-        if len(sched.running) + len(sched.waiting) != len(live):
+        if num_running + num_waiting != len(live):
             self._check_accounted()
         if None not in sampled:  # NOTE: the common step: every request got a token
             return plan.requests()

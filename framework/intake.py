@@ -23,7 +23,9 @@ def why_bad_metadata(priority: object = 0, expected_output_len: object = None,
     within +-2**53, `expected_output_len` an integer >= 0, `deadline_ms` a number > 0 (inf: none),
     `client_id` and `slo_class` strings (each but `priority` may be None). No state change."""
     if (type(priority) is int and -MAX_PRIORITY <= priority <= MAX_PRIORITY
-            and expected_output_len is None and deadline_ms is None
+            and (expected_output_len is None
+                 or type(expected_output_len) is int and expected_output_len >= 0)
+            and (deadline_ms is None or type(deadline_ms) is float and deadline_ms > 0)
             and (client_id is None or type(client_id) is str)
             and (slo_class is None or type(slo_class) is str)):
         return None  # NOTE: the common request, without an ABC's isinstance (Python code)

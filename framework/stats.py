@@ -170,18 +170,19 @@ class EngineCounters:
 
 
 def step_stats(step: int, plan: SchedulerOutput, totals: PlanTotals, result: ExecutorOutput,
-               now: float, t_sched: float, t_update: float, scheduler: Scheduler,
-               kv: KVCacheManager) -> StepStats:
+               now: float, t_sched: float, t_update: float, num_running: int,
+               num_waiting: int, kv: KVCacheManager) -> StepStats:
     """The record of step number `step`, which ran `plan` and ended at `now` (engine clock).
 
     Args:
         totals: the plan's aggregates (`SchedulerOutput.totals`, from `check_plan`).
         t_sched: seconds spent planning the step; t_update: applying its output.
+        num_running, num_waiting: the scheduler's requests after the step.
     """
     u = kv.allocator.usage()  # NOTE: `kv.usage()`, one call less
     num_prefill, num_decode = totals.num_prefill_tokens, totals.num_decode_tokens
     # NOTE: positional, in the field order (once per step; keywords cost twice as much)
-    st = StepStats(step, now, result.step_time, len(scheduler.running), len(scheduler.waiting),
+    st = StepStats(step, now, result.step_time, num_running, num_waiting,
                    num_prefill + num_decode, num_prefill, num_decode, totals.num_seqs,
                    len(plan.preempted), u.used_blocks, u.free_blocks, u.cached_blocks,
                    u.reserved_tokens, u.used_tokens, t_sched + t_update, t_sched, 0.0, 0.0, 0.0,

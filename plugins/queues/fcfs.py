@@ -36,5 +36,8 @@ class FCFSQueue(RequestQueue):
     def __len__(self) -> int:
         return len(self._q)
 
+    def __bool__(self) -> bool:  # NOTE: asked on every step; the base's goes through len()
+        return bool(self._q)
+
     def __iter__(self) -> Iterator[Request]:
         return iter(self._q)
