@@ -90,8 +90,9 @@ def test_a_detailed_run_hands_on_its_steps_as_it_goes_in_its_order(layout, drain
                                                                     monkeypatch):
     """steps.csv's rows of a detailed run go to its writer while the run goes (every
     `DRAIN_STEPS` steps, the rest at the end), each once, in the order of the run's own
-    `step_stats`, which the run keeps whole; a second run on the same target hands on only
-    its own steps."""
+    `step_stats`, which the run keeps whole; the engine metrics counted as they went equal
+    those of a run that hands nothing on, to the last bit; a second run on the same target
+    hands on only its own steps."""
     monkeypatch.setattr(record, "DRAIN_STEPS", drain)
     handed: list[StepStats] = []
     calls: list[int] = []
@@ -106,6 +107,9 @@ def test_a_detailed_run_hands_on_its_steps_as_it_goes_in_its_order(layout, drain
     assert all(a is b for a, b in zip(handed, run.step_stats, strict=True))
     if drain < 100:
         assert len(calls) > 10  # as the run went, not all at the end
+    _, untapped = _run(LAYOUTS[layout], True)
+    assert run.step_totals is not None and untapped.step_totals is None
+    assert _host_free(compute_metrics(run)) == _host_free(compute_metrics(untapped))
     wl = build_workload({"type": "synthetic", "num_requests": 20, "input_len": 32,
                          "output_len": 8, "arrival": {"process": "poisson", "rate": 60.0}},
                         128_256, seed=4)

@@ -183,7 +183,7 @@ def _track(s: RunSettings, run, summary: dict[str, Any], failed: bool = False):
 
 def _kept_steps(s: RunSettings, run) -> Iterable[Any]:
     """The run's steps: those it kept, or, streaming, steps.csv's rows read back."""
-    return run.step_stats if run.step_totals is None else read_steps_csv(
+    return run.step_stats if run.stats is None else read_steps_csv(
         s.output_dir / STEPS_FILE)
 
 

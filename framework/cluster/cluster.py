@@ -165,11 +165,17 @@ class Cluster:
         assert self._record.steps is None, "tap_steps() is for a detailed run"
         self._record.tap = StepTap(self.instances, self._record.first_step, out)
 
-    def steps_handed(self) -> int:
-        """The step records `tap_steps`' `out` has taken this run (the first of the run's
-        `step_stats`). No state change."""
+    def finish_tap(self, run: RunResult) -> bool:
+        """A detailed run has ended (`run`, its result): hand `tap_steps`' `out` the steps it
+        has not taken yet, and give `run` the totals counted as they were handed on
+        (`RunResult.step_totals`, what the engine metrics read). Returns False, changing
+        nothing, when the run was not tapped. Changes state (and `run`)."""
         tap = self._record.tap
-        return 0 if tap is None else tap.handed
+        if tap is None:
+            return False
+        self._record.tap = None
+        tap.finish(run)
+        return True
 
     def retire(self, k: int, inst: Instance, req: Request) -> None:
         """Streaming: workload request `k` ended for good on `inst`; keep its stats, and

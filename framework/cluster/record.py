@@ -182,7 +182,8 @@ class StepTap:
     """A detailed run's steps handed to `out` as the run goes, every `DRAIN_STEPS` steps, in
     the run's step order (`RunRecord.result`'s), while the engines keep them all: steps.csv's
     writer process formats the rows on another core as the run goes, instead of after it.
-    `handed` counts the steps handed on: the first `handed` of the run's `step_stats`.
+    `handed` counts the steps handed on: the first `handed` of the run's `step_stats`;
+    `totals` counts them as a streaming run's are counted (`finish` adds the rest).
 
     NOTE: a step is handed on once no instance can still precede it, as `StepStream` does
     (by time, ties by the lower instance; an idle instance's clock holds the others' back).
@@ -200,7 +201,10 @@ class StepTap:
         self.handed = 0
         self._next = list(first)  # each engine's first record not taken yet
         self._held: list[list[StepStats]] = [[] for _ in instances]
+        self._series = _Series(len(instances)) if len(instances) > 1 else None
         self._steps = 0  # since the last take
+        #: what the engine metrics read of the steps handed on (the records still in cache)
+        self.totals = StepTotals()
 
     def stepped(self) -> None:
         """An instance ran a step: hand on what is ready every `DRAIN_STEPS`. Changes state."""
@@ -217,8 +221,10 @@ class StepTap:
             if len(records) > nxt[n]:
                 held[n].extend(records[nxt[n]:])
                 nxt[n] = len(records)
-        if len(held) == 1:
+        if self._series is None:
             ready, held[0] = held[0], []
+            used: list[int] = []
+            running: list[int] = []
         else:
             bound, j = min((inst.now(), n) for n, inst in enumerate(self.instances))
             per = []
@@ -227,12 +233,22 @@ class StepTap:
                 cut = (bisect_right if n < j else bisect_left)(steps, bound, key=_STEP_TIME)
                 per.append(steps[:cut])
                 del steps[:cut]
-            tagged = [(s.time, s) for steps in per for s in steps]
-            tagged.sort(key=_TIME)  # stable: ties keep the lower instance first
-            ready = [s for _, s in tagged]
+            ready, used, running = self._series.merged(per)
         if ready:
+            self.totals.add(ready, used, running)
             self.out(ready)
             self.handed += len(ready)
+
+    def finish(self, run: RunResult) -> None:
+        """The run has ended (`run`, its result): hand on its steps not handed yet and count
+        them, and give `run` the totals (`RunResult.step_totals`). Changes state (and `run`)."""
+        h = self.handed
+        rest = run.step_stats[h:]
+        self.totals.add(rest, run.kv_used_blocks[h:], run.num_running[h:])
+        if rest:
+            self.out(rest)
+            self.handed += len(rest)
+        run.step_totals = self.totals
 
 
 def drain_records(inst: Any, skip: list[int], n: int) -> list[StepStats]:

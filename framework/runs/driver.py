@@ -133,8 +133,8 @@ def run_workload(
     finally:
         bar.close()
     run = cluster.result(max_concurrency)
-    if steps_out is not None and save_detailed:
-        steps_out(run.step_stats[cluster.steps_handed():])
+    if steps_out is not None and save_detailed and not cluster.finish_tap(run):
+        steps_out(run.step_stats)
     return run
 
 

@@ -36,9 +36,11 @@ class RunResult:
             step's own `num_running` (one engine).
         stats: a streaming run's (`save_detailed=False`): what was kept of each request as it
             ended, `requests` then empty; None: `requests` holds them all.
-        step_totals: a streaming run's: what the engine metrics read of its steps, counted
-            as they were taken from the engines (`step_stats`, `kv_used_blocks` and
-            `num_running` then empty); None: `step_stats` holds them all.
+        step_totals: what the engine metrics read of its steps, counted as they were taken
+            from the engines (a streaming run's: `step_stats`, `kv_used_blocks` and
+            `num_running` then empty) or handed to steps.csv as the run went (a detailed
+            `schedlab run`'s: `step_stats` holds them all too); None: counted from
+            `step_stats`, which holds them all.
     """
 
     requests: list[Request]
