@@ -178,6 +178,21 @@ class _Series:
         return [s for _, _, s in tagged], cluster_used, cluster_running
 
 
+def take_ready(instances: Sequence[Any], held: list[list[StepStats]]) -> list[list[StepStats]]:
+    """Of each instance's `held` records (in its order), those no instance's later step can
+    precede in the run's order, taken out of `held`: a record at (time t, instance n) once
+    (t, n) < (clock, index) of every instance (an engine's clock only moves forward).
+    Changes `held`."""
+    bound, j = min((inst.now(), n) for n, inst in enumerate(instances))
+    ready = []
+    for n, steps in enumerate(held):
+        # (t, n) < (bound, j): t <= bound below instance j, t < bound from it on
+        cut = (bisect_right if n < j else bisect_left)(steps, bound, key=_STEP_TIME)
+        ready.append(steps[:cut])
+        del steps[:cut]
+    return ready
+
+
 class StepTap:
     """A detailed run's steps handed to `out` as the run goes, every `DRAIN_STEPS` steps, in
     the run's step order (`RunRecord.result`'s), while the engines keep them all: steps.csv's
@@ -226,14 +241,7 @@ class StepTap:
             used: list[int] = []
             running: list[int] = []
         else:
-            bound, j = min((inst.now(), n) for n, inst in enumerate(self.instances))
-            per = []
-            for n, steps in enumerate(held):
-                # (t, n) < (bound, j): t <= bound below instance j, t < bound from it on
-                cut = (bisect_right if n < j else bisect_left)(steps, bound, key=_STEP_TIME)
-                per.append(steps[:cut])
-                del steps[:cut]
-            ready, used, running = self._series.merged(per)
+            ready, used, running = self._series.merged(take_ready(self.instances, held))
         if ready:
             self.totals.add(ready, used, running)
             self.out(ready)
@@ -335,13 +343,7 @@ class StepStream:
             ready_per = held
             self._held = [[] for _ in held]
         else:
-            bound, j = min((inst.now(), n) for n, inst in enumerate(self.instances))
-            ready_per = []
-            for n, steps in enumerate(held):
-                # (t, n) < (bound, j): t <= bound below instance j, t < bound from it on
-                cut = (bisect_right if n < j else bisect_left)(steps, bound, key=_STEP_TIME)
-                ready_per.append(steps[:cut])
-                del steps[:cut]
+            ready_per = take_ready(self.instances, held)
         self._hand(*self._series.merged(ready_per))
 
     def _hand(self, steps: list[StepStats], used: list[int], running: list[int]) -> None:
