@@ -317,7 +317,7 @@ def test_a_run_freezes_what_collections_leave_alive_and_thaws_it_after():
     class Node:
         pass
 
-    assert gc.get_freeze_count() == 0
+    gc.unfreeze()  # NOTE: whatever this test process froze before: the run's freeze is seen
     callbacks = list(gc.callbacks)
     with fewer_collections():
         kept = [Node() for _ in range(1000)]
@@ -338,8 +338,9 @@ def test_a_run_freezes_what_collections_leave_alive_and_thaws_it_after():
         with fewer_collections():
             more = [Node() for _ in range(1000)]
             gc.collect()
-            assert gc.get_freeze_count() == frozen  # nothing more
-        assert gc.get_freeze_count() == frozen and more
+            # nothing more (a frozen object that dies leaves the count)
+            assert gc.get_freeze_count() <= frozen
+        assert 0 < gc.get_freeze_count() <= frozen and more
     finally:
         gc.unfreeze()
 
