@@ -305,21 +305,21 @@ def test_overlapping_runs_leave_the_collector_as_it_was():
 
 
 def test_a_run_freezes_what_collections_leave_alive_and_thaws_it_after():
-    """Inside a run's collector block what a collection found alive is frozen (no later
+    """Inside a run loop's block what a collection found alive is frozen (no later
     collection walks it again); a cycle that dies young is still collected; after the block
     nothing of the run's is frozen and the collector is as it was; objects a caller froze
     before stay frozen, and nothing more is."""
     import gc
     import weakref
 
-    from schedlab.runs.driver import fewer_collections
+    from schedlab.runs.driver import frozen_survivors
 
     class Node:
         pass
 
     gc.unfreeze()  # NOTE: whatever this test process froze before: the run's freeze is seen
     callbacks = list(gc.callbacks)
-    with fewer_collections():
+    with frozen_survivors():
         kept = [Node() for _ in range(1000)]
         gc.collect()
         assert gc.get_freeze_count() >= len(kept)  # frozen: not walked again
@@ -335,7 +335,7 @@ def test_a_run_freezes_what_collections_leave_alive_and_thaws_it_after():
     gc.freeze()  # a caller's own (e.g. before forking workers)
     try:
         frozen = gc.get_freeze_count()
-        with fewer_collections():
+        with frozen_survivors():
             more = [Node() for _ in range(1000)]
             gc.collect()
             # nothing more (a frozen object that dies leaves the count)

@@ -84,6 +84,32 @@ def test_fcfs_order_and_victim():
     assert q.peek() is a
 
 
+
+def test_a_subclass_that_counts_its_own_requests_is_empty_only_when_its_len_says_so():
+    """FCFS answers `bool()` from its own deque; a subclass keeping requests elsewhere (its
+    own `__len__`) is asked through its `len()`, so the engine never takes it for empty."""
+    fcfs = registry.load("queue", "fcfs")
+
+    class SideLane(fcfs):
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.side: list[Request] = []
+
+        def add(self, request):
+            self.side.append(request)
+
+        def __len__(self):
+            return super().__len__() + len(self.side)
+
+    q = SideLane()
+    assert not q
+    q.add(req("a"))
+    assert len(q) == 1 and q
+    plain = make("fcfs")
+    assert not plain
+    plain.add(req("b"))
+    assert plain
+
 def test_priority_lower_value_first_fcfs_among_equals():
     q = make("priority")
     rs = [req("a", t=0, prio=2), req("b", t=1, prio=0), req("c", t=2, prio=1),

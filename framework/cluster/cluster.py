@@ -160,7 +160,7 @@ class Cluster:
 
     def tap_steps(self, out: StepsOut) -> None:
         """A detailed run: hand its step records to `out` as the run goes as well, a list at
-        a time in the run's step order, the engines keeping them (`steps_handed` counts them).
+        a time in the run's step order, the engines keeping them (`finish_tap` hands the rest).
         Changes state."""
         assert self._record.steps is None, "tap_steps() is for a detailed run"
         self._record.tap = StepTap(self.instances, self._record.first_step, out)

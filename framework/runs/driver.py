@@ -123,7 +123,8 @@ def run_workload(
             cluster.tap_steps(steps_out)
     bar = progress_bar(len(workload), progress)
     try:
-        with fewer_collections(), stall_watch(cluster, timeout=plugin_timeout_s):
+        with fewer_collections(), frozen_survivors(), stall_watch(cluster,
+                                                                  timeout=plugin_timeout_s):
             if workers > 1:
                 from schedlab.cluster.parallel import run_split
 
@@ -144,29 +145,20 @@ GC_YOUNG_THRESHOLD = 100_000
 
 @contextmanager
 def fewer_collections() -> Iterator[None]:
-    """Python's cyclic collector run less often inside the block, and never over what a
-    collection found alive (its young generation's threshold raised to `GC_YOUNG_THRESHOLD`;
-    after each collection its survivors frozen, `gc.freeze`), both undone when the outermost
-    block ends, whichever thread ran it (a collector switched off stays off; objects a caller
-    froze before stay frozen, and nothing more is).
+    """Python's cyclic collector run less often inside the block (its young generation's
+    threshold raised to `GC_YOUNG_THRESHOLD`, then put back when the outermost block ends,
+    whichever thread ran it; a collector switched off stays off).
 
     NOTE: a run allocates a few objects per token and step that die young, and keeps the
     requests and step records, so that at the default 700 the collector ran ~1,000 times in
-    a 100k-request run and walked every object kept several times (1.6 s of 24 s); with the
-    threshold raised, a detailed run's older generation still walked each kept object once
-    more (~0.6 s of a 100k run): frozen, it walks none. A cycle that dies young is collected
-    as before; one that outlives a collection inside the block is freed after the block (the
-    run makes none: nothing it makes needs the collector to be freed)."""
+    a 100k-request run and walked every object kept several times (1.6 s of 24 s); nothing
+    a run makes needs the collector to be freed (its cycles wait for the next collection)."""
     with _GC_LOCK:
         if not _GC_SAVED:
             old = gc.get_threshold()
             _GC_SAVED.append(old)
             if old[0]:
                 gc.set_threshold(max(old[0], GC_YOUNG_THRESHOLD), *old[1:])
-            _FREEZING.clear()
-            if not gc.get_freeze_count():
-                gc.callbacks.append(_freeze_survivors)
-                _FREEZING.append(True)
         else:
             _GC_SAVED.append(_GC_SAVED[0])
     try:
@@ -176,16 +168,43 @@ def fewer_collections() -> Iterator[None]:
             saved = _GC_SAVED.pop()
             if not _GC_SAVED:
                 gc.set_threshold(*saved)
-                if _FREEZING:
-                    _FREEZING.clear()
-                    if _freeze_survivors in gc.callbacks:
-                        gc.callbacks.remove(_freeze_survivors)
-                    gc.unfreeze()  # NOTE: back in the oldest generation, collected as ever
+
+
+@contextmanager
+def frozen_survivors() -> Iterator[None]:
+    """Inside the block (a run loop), what each collection leaves alive is frozen
+    (`gc.freeze`, from a `gc.callbacks` entry), so no later collection walks it again; when
+    the outermost block ends, whichever thread ran it, the callback goes and everything
+    frozen since goes back to the oldest generation (`gc.unfreeze`). Not where something was
+    frozen already when the outermost block began (a caller's own freeze, e.g. before
+    forking, is left as it is, and nothing more is frozen).
+
+    NOTE: with the young threshold raised (`fewer_collections`), a detailed run's older
+    generation still walked each kept request again (~0.6 s of a 100k-request run); frozen,
+    nothing walks it. A cycle that dies young is collected as before; one that outlives a
+    collection inside the block is freed after it (the run loop makes none). While the block
+    is open `gc.get_objects()` does not list what is frozen."""
+    with _GC_LOCK:
+        if not _FREEZE_DEPTH:
+            _FREEZE_DEPTH.append(not gc.get_freeze_count())
+            if _FREEZE_DEPTH[0]:
+                gc.callbacks.append(_freeze_survivors)
+        else:
+            _FREEZE_DEPTH.append(_FREEZE_DEPTH[0])
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            freezing = _FREEZE_DEPTH.pop()
+            if not _FREEZE_DEPTH and freezing:
+                if _freeze_survivors in gc.callbacks:
+                    gc.callbacks.remove(_freeze_survivors)
+                gc.unfreeze()  # NOTE: back in the oldest generation, collected as ever
 
 
 def _freeze_survivors(phase: str, info: dict[str, int]) -> None:
-    """`gc.callbacks` entry of `fewer_collections`: what a collection left alive goes to the
-    permanent generation (no later collection in the block walks it)."""
+    """`gc.callbacks` entry of `frozen_survivors`: what a collection left alive goes to the
+    permanent generation."""
     if phase == "stop":
         gc.freeze()
 
@@ -193,8 +212,8 @@ def _freeze_survivors(phase: str, info: dict[str, int]) -> None:
 #: the thresholds saved by the outermost `fewer_collections` block, once per open block
 _GC_SAVED: list[tuple[int, ...]] = []
 _GC_LOCK = threading.Lock()
-#: [True] while the outermost block freezes what collections leave alive
-_FREEZING: list[bool] = []
+#: one entry per open `frozen_survivors` block: whether the outermost one freezes
+_FREEZE_DEPTH: list[bool] = []
 
 
 class _NoBar:

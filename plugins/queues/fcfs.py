@@ -39,5 +39,10 @@ class FCFSQueue(RequestQueue):
     def __bool__(self) -> bool:  # NOTE: asked on every step; the base's goes through len()
         return bool(self._q)
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__len__" in cls.__dict__ and "__bool__" not in cls.__dict__:
+            cls.__bool__ = RequestQueue.__bool__  # type: ignore[method-assign]  # its own len()
+
     def __iter__(self) -> Iterator[Request]:
         return iter(self._q)
