@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from schedlab.config import ConfigError
 from schedlab.request import SamplingParams
@@ -153,21 +153,19 @@ def fewer_collections() -> Iterator[None]:
     requests and step records, so that at the default 700 the collector ran ~1,000 times in
     a 100k-request run and walked every object kept several times (1.6 s of 24 s); nothing
     a run makes needs the collector to be freed (its cycles wait for the next collection)."""
-    with _GC_LOCK:
-        if not _GC_SAVED:
-            old = gc.get_threshold()
-            _GC_SAVED.append(old)
-            if old[0]:
-                gc.set_threshold(max(old[0], GC_YOUNG_THRESHOLD), *old[1:])
-        else:
-            _GC_SAVED.append(_GC_SAVED[0])
-    try:
+    with _outermost(_GC_SAVED, _raise_threshold, _put_back_threshold):
         yield
-    finally:
-        with _GC_LOCK:
-            saved = _GC_SAVED.pop()
-            if not _GC_SAVED:
-                gc.set_threshold(*saved)
+
+
+def _raise_threshold() -> tuple[int, ...]:
+    old = gc.get_threshold()
+    if old[0]:
+        gc.set_threshold(max(old[0], GC_YOUNG_THRESHOLD), *old[1:])
+    return old
+
+
+def _put_back_threshold(old: tuple[int, ...]) -> None:
+    gc.set_threshold(*old)
 
 
 @contextmanager
@@ -184,22 +182,39 @@ def frozen_survivors() -> Iterator[None]:
     nothing walks it. A cycle that dies young is collected as before; one that outlives a
     collection inside the block is freed after it (the run loop makes none). While the block
     is open `gc.get_objects()` does not list what is frozen."""
+    with _outermost(_FREEZE_DEPTH, _start_freezing, _stop_freezing):
+        yield
+
+
+def _start_freezing() -> bool:
+    freezing = not gc.get_freeze_count()
+    if freezing:
+        gc.callbacks.append(_freeze_survivors)
+    return freezing
+
+
+def _stop_freezing(freezing: bool) -> None:
+    if freezing:
+        if _freeze_survivors in gc.callbacks:
+            gc.callbacks.remove(_freeze_survivors)
+        gc.unfreeze()  # NOTE: back in the oldest generation, collected as ever
+
+
+@contextmanager
+def _outermost(stack: list[Any], begin: Callable[[], Any],
+               end: Callable[[Any], None]) -> Iterator[None]:
+    """A block of which the outermost open one (of those sharing `stack`, in any thread)
+    runs `begin` when it opens and `end(what begin returned)` when it closes: overlapping
+    blocks of two threads leave the state as the first found it."""
     with _GC_LOCK:
-        if not _FREEZE_DEPTH:
-            _FREEZE_DEPTH.append(not gc.get_freeze_count())
-            if _FREEZE_DEPTH[0]:
-                gc.callbacks.append(_freeze_survivors)
-        else:
-            _FREEZE_DEPTH.append(_FREEZE_DEPTH[0])
+        stack.append(stack[0] if stack else begin())
     try:
         yield
     finally:
         with _GC_LOCK:
-            freezing = _FREEZE_DEPTH.pop()
-            if not _FREEZE_DEPTH and freezing:
-                if _freeze_survivors in gc.callbacks:
-                    gc.callbacks.remove(_freeze_survivors)
-                gc.unfreeze()  # NOTE: back in the oldest generation, collected as ever
+            value = stack.pop()
+            if not stack:
+                end(value)
 
 
 def _freeze_survivors(phase: str, info: dict[str, int]) -> None:
