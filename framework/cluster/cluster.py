@@ -13,7 +13,7 @@ from schedlab import registry
 from schedlab.clock import InstanceClock, VirtualClock
 from schedlab.cluster.config import ClusterConfig
 from schedlab.cluster.instance import Instance, Role
-from schedlab.cluster.record import ClusterRunResult, RunRecord, StepsOut, StepTap
+from schedlab.cluster.record import ClusterRunResult, RunRecord, StepsOut, StepStream
 from schedlab.cluster.router import Router
 from schedlab.cluster.routing import Loads, build_router, choose, reindex, tell
 from schedlab.cluster.transfer import KVTransfer
@@ -163,7 +163,8 @@ class Cluster:
         a time in the run's step order, the engines keeping them (`finish_tap` hands the rest).
         Changes state."""
         assert self._record.steps is None, "tap_steps() is for a detailed run"
-        self._record.tap = StepTap(self.instances, self._record.first_step, out)
+        tap = self._record.tap = StepStream(self.instances, self._record.first_step, keep=True)
+        tap.out = out
 
     def finish_tap(self, run: RunResult) -> bool:
         """A detailed run has ended (`run`, its result): hand `tap_steps`' `out` the steps it

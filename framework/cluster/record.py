@@ -64,8 +64,9 @@ class RunRecord:
     #: streaming: the steps, taken from the engines as the run goes (None: the engines
     #: keep them)
     steps: StepStream | None = None
-    #: a detailed run's steps handed on as the run goes, the engines keeping them (None: none)
-    tap: StepTap | None = None
+    #: a detailed run's steps handed on as the run goes, the engines keeping them
+    #: (`StepStream` with `keep`; None: none)
+    tap: StepStream | None = None
 
     @classmethod
     def begin(cls, instances: Sequence[Instance], stream: int | None = None) -> RunRecord:
@@ -178,87 +179,6 @@ class _Series:
         return [s for _, _, s in tagged], cluster_used, cluster_running
 
 
-def take_ready(instances: Sequence[Any], held: list[list[StepStats]]) -> list[list[StepStats]]:
-    """Of each instance's `held` records (in its order), those no instance's later step can
-    precede in the run's order, taken out of `held`: a record at (time t, instance n) once
-    (t, n) < (clock, index) of every instance (an engine's clock only moves forward).
-    Changes `held`."""
-    bound, j = min((inst.now(), n) for n, inst in enumerate(instances))
-    ready = []
-    for n, steps in enumerate(held):
-        # (t, n) < (bound, j): t <= bound below instance j, t < bound from it on
-        cut = (bisect_right if n < j else bisect_left)(steps, bound, key=_STEP_TIME)
-        ready.append(steps[:cut])
-        del steps[:cut]
-    return ready
-
-
-class StepTap:
-    """A detailed run's steps handed to `out` as the run goes, every `DRAIN_STEPS` steps, in
-    the run's step order (`RunRecord.result`'s), while the engines keep them all: steps.csv's
-    writer process formats the rows on another core as the run goes, instead of after it.
-    `handed` counts the steps handed on: the first `handed` of the run's `step_stats`;
-    `totals` counts them as a streaming run's are counted (`finish` adds the rest).
-
-    NOTE: a step is handed on once no instance can still precede it, as `StepStream` does
-    (by time, ties by the lower instance; an idle instance's clock holds the others' back).
-
-    Args:
-        instances: the cluster's.
-        first: the records each engine held before the run (not the run's).
-        out: what the steps go to, a list at a time.
-    """
-
-    def __init__(self, instances: Sequence[Instance], first: Sequence[int],
-                 out: StepsOut) -> None:
-        self.instances = instances
-        self.out = out
-        self.handed = 0
-        self._next = list(first)  # each engine's first record not taken yet
-        self._held: list[list[StepStats]] = [[] for _ in instances]
-        self._series = _Series(len(instances)) if len(instances) > 1 else None
-        self._steps = 0  # since the last take
-        #: what the engine metrics read of the steps handed on (the records still in cache)
-        self.totals = StepTotals()
-
-    def stepped(self) -> None:
-        """An instance ran a step: hand on what is ready every `DRAIN_STEPS`. Changes state."""
-        self._steps += 1
-        if self._steps >= DRAIN_STEPS:
-            with sigint_deferred():  # NOTE: `handed` counts what `out` took, whole
-                self._take()
-
-    def _take(self) -> None:
-        self._steps = 0
-        held, nxt = self._held, self._next
-        for n, inst in enumerate(self.instances):
-            records = inst.engine.step_stats
-            if len(records) > nxt[n]:
-                held[n].extend(records[nxt[n]:])
-                nxt[n] = len(records)
-        if self._series is None:
-            ready, held[0] = held[0], []
-            used: list[int] = []
-            running: list[int] = []
-        else:
-            ready, used, running = self._series.merged(take_ready(self.instances, held))
-        if ready:
-            self.totals.add(ready, used, running)
-            self.out(ready)
-            self.handed += len(ready)
-
-    def finish(self, run: RunResult) -> None:
-        """The run has ended (`run`, its result): hand on its steps not handed yet and count
-        them, and give `run` the totals (`RunResult.step_totals`). Changes state (and `run`)."""
-        h = self.handed
-        rest = run.step_stats[h:]
-        self.totals.add(rest, run.kv_used_blocks[h:], run.num_running[h:])
-        if rest:
-            self.out(rest)
-            self.handed += len(rest)
-        run.step_totals = self.totals
-
-
 def drain_records(inst: Any, skip: list[int], n: int) -> list[StepStats]:
     """Instance `n`'s step records taken from its engine (`Engine.drain_step_stats`), their
     KV peak noted on the instance (`drained_kv_peak`), the `skip[n]` it held before the run
@@ -276,7 +196,11 @@ class StepStream:
     """A streaming run's steps, taken from the engines as the run goes
     (`Engine.drain_step_stats`, every `DRAIN_STEPS` steps and at the end): counted into
     `totals`, each instance's KV peak noted (`Instance.drained_kv_peak`), handed to `out`
-    (`schedlab run`: steps.csv's rows) in the run's step order, then forgotten.
+    (`schedlab run`: steps.csv's rows) in the run's step order, then forgotten. With `keep`
+    (a detailed run's tap) the engines keep their records and the stream reads past what it
+    took, so that steps.csv's writer formats the rows as the run goes; `finish` hands on the
+    rest. `handed` counts the records handed on (with `keep`: the first of the run's
+    `step_stats`).
 
     NOTE: the order is the one `_merged` gives the whole run: by time, ties by the lower
     instance, each instance's in its order. An instance's later steps end at or after its
@@ -287,13 +211,18 @@ class StepStream:
     Args:
         instances: the cluster's.
         skip: the records each engine held before the run (in its KV peak, not handed on).
+        keep: read the engines' records without taking them.
     """
 
-    def __init__(self, instances: Sequence[Instance], skip: Sequence[int]) -> None:
+    def __init__(self, instances: Sequence[Instance], skip: Sequence[int],
+                 keep: bool = False) -> None:
         self.instances = instances
         self.out: StepsOut | None = None
         self.totals = StepTotals()
+        self.handed = 0
         self._skip = list(skip)
+        #: keep: each engine's first record not read yet (None: the records are drained)
+        self._next = list(skip) if keep else None
         self._held: list[list[StepStats]] = [[] for _ in instances]
         self._series = _Series(len(instances)) if len(instances) > 1 else None
         self._steps = 0  # since the last take
@@ -326,9 +255,13 @@ class StepStream:
 
     def _take(self, final: bool) -> None:
         self._steps = 0
-        held, skip = self._held, self._skip
+        held, skip, nxt = self._held, self._skip, self._next
         for n, inst in enumerate(self.instances):
-            got = drain_records(inst, skip, n)
+            if nxt is None:
+                got = drain_records(inst, skip, n)
+            else:
+                records = inst.engine.step_stats
+                got, nxt[n] = records[nxt[n]:], len(records)
             if not got:
                 continue
             if held[n]:
@@ -343,7 +276,13 @@ class StepStream:
             ready_per = held
             self._held = [[] for _ in held]
         else:
-            ready_per = take_ready(self.instances, held)
+            bound, j = min((inst.now(), n) for n, inst in enumerate(self.instances))
+            ready_per = []
+            for n, steps in enumerate(held):
+                # (t, n) < (bound, j): t <= bound below instance j, t < bound from it on
+                cut = (bisect_right if n < j else bisect_left)(steps, bound, key=_STEP_TIME)
+                ready_per.append(steps[:cut])
+                del steps[:cut]
         self._hand(*self._series.merged(ready_per))
 
     def _hand(self, steps: list[StepStats], used: list[int], running: list[int]) -> None:
@@ -352,3 +291,14 @@ class StepStream:
         self.totals.add(steps, used, running)
         if self.out is not None:
             self.out(steps)
+        self.handed += len(steps)
+
+    def finish(self, run: RunResult) -> None:
+        """With `keep`: the run has ended (`run`, its result): hand on its steps not handed
+        yet and count them, and give `run` the totals (`RunResult.step_totals`). Changes
+        state (and `run`)."""
+        assert self._next is not None, "finish() is for a stream that keeps the records"
+        h = self.handed
+        with sigint_deferred():
+            self._hand(run.step_stats[h:], run.kv_used_blocks[h:], run.num_running[h:])
+        run.step_totals = self.totals
